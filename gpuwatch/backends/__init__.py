@@ -1,0 +1,1 @@
+"""Backends: where GPU readings come from (NVML, a simulated node, a recorded trace)."""

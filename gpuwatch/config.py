@@ -1,0 +1,286 @@
+"""One typed Config, read from a YAML file, then ``GPUWATCH_*`` environment variables, then flags.
+
+Every option has three spellings, derived from one table:
+
+    flag  --poll.slow-interval 30
+    env   GPUWATCH_POLL_SLOW_INTERVAL=30
+    YAML  poll: {slow_interval: 30}
+
+Flags win over the environment, the environment over the file. Invalid values raise ConfigError
+(the CLI turns it into a one-line message and exit status 78).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuwatch.errors import ConfigError
+from gpuwatch.logs import FORMATS, LEVELS
+
+DEFAULT_PORT = 19400
+BACKENDS = ("nvml", "simulated")
+SIM_PROFILES = ("rtx6000", "h200")
+
+
+@dataclass(frozen=True)
+class Config:
+    listen_addresses: tuple[str, ...] = (f":{DEFAULT_PORT}",)
+    telemetry_path: str = "/metrics"
+    poll_interval: float = 2.0
+    poll_slow_interval: float = 30.0
+    poll_staleness: float | None = None  # None: three fast intervals (slow tier: three slow intervals)
+    backend: str = "nvml"
+    log_level: str = "info"
+    log_format: str | None = None  # None: json when not a TTY, console on a TTY
+    sim_gpus: int = 8
+    sim_profile: str = "rtx6000"
+    sim_faults: bool = False  # run the scripted fault tour (always on for `gpuwatch demo`)
+
+    def staleness(self, tier: str) -> float:
+        """Readings of ``tier`` older than this are not exported."""
+        base = self.poll_interval if tier == "fast" else self.poll_slow_interval
+        if self.poll_staleness is None:
+            return 3 * base
+        return max(self.poll_staleness, base) if tier == "slow" else self.poll_staleness
+
+
+# -- parsers for single values ----------------------------------------------------------------
+
+def _float(name: str) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        try:
+            result = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number of seconds, got {value!r}") from None
+        if not result > 0 or result != result or result == float("inf"):
+            raise ConfigError(f"{name}: must be a positive number of seconds, got {value!r}")
+        return result
+
+    return parse
+
+
+def _int(name: str, low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            result = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a whole number, got {value!r}") from None
+        if not low <= result <= high:
+            raise ConfigError(f"{name}: must be between {low} and {high}, got {result}")
+        return result
+
+    return parse
+
+
+def _choice(name: str, choices: Sequence[str]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).lower()
+        if text not in choices:
+            raise ConfigError(f"{name}: must be one of {', '.join(choices)}; got {value!r}")
+        return text
+
+    return parse
+
+
+def _bool(name: str) -> Callable[[Any], bool]:
+    def parse(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+    return parse
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` (all interfaces) or ``[IPv6]:PORT`` -> (host, port)."""
+    text = str(value).strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"web.listen-address: {value!r} is not HOST:PORT (e.g. :{DEFAULT_PORT})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(f"web.listen-address: {value!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ConfigError(f"web.listen-address: {value!r}: write IPv6 addresses in brackets, e.g. [::1]:{DEFAULT_PORT}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"web.listen-address: {value!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"web.listen-address: {value!r}: port must be 0-65535")
+    return host, port
+
+
+def _addresses(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ConfigError("web.listen-address: expected one or more HOST:PORT addresses")
+    result = []
+    for item in items:
+        for part in str(item).split(","):
+            if part.strip():
+                parse_listen_address(part)
+                result.append(part.strip())
+    if not result:
+        raise ConfigError("web.listen-address: expected one or more HOST:PORT addresses")
+    return tuple(result)
+
+
+def _path(value: Any) -> str:
+    text = str(value)
+    if not text.startswith("/") or text in ("/", "/healthz") or any(c.isspace() for c in text):
+        raise ConfigError(
+            f"web.telemetry-path: {value!r} must start with '/' and not be '/' or '/healthz' (e.g. /metrics)"
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str  # dotted flag name, e.g. "poll.slow-interval"
+    field: str  # Config field
+    parse: Callable[[Any], Any]
+    help: str
+    repeatable: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key
+
+    @property
+    def env(self) -> str:
+        return "GPUWATCH_" + self.key.replace(".", "_").replace("-", "_").upper()
+
+    @property
+    def yaml_path(self) -> tuple[str, ...]:
+        return tuple(part.replace("-", "_") for part in self.key.split("."))
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("web.listen-address", "listen_addresses", _addresses,
+           f"address to serve on, HOST:PORT, repeatable (default :{DEFAULT_PORT})", repeatable=True),
+    Option("web.telemetry-path", "telemetry_path", _path, "path of the metrics endpoint (default /metrics)"),
+    Option("poll.interval", "poll_interval", _float("poll.interval"),
+           "seconds between fast polls: temperatures, fans, power, clocks (default 2)"),
+    Option("poll.slow-interval", "poll_slow_interval", _float("poll.slow-interval"),
+           "seconds between slow polls: ECC, row remapping, PCIe, limits (default 30)"),
+    Option("poll.staleness", "poll_staleness", _float("poll.staleness"),
+           "readings older than this many seconds are not exported (default 3 fast intervals)"),
+    Option("backend", "backend", _choice("backend", BACKENDS), "data source: nvml or simulated (default nvml)"),
+    Option("log.level", "log_level", _choice("log.level", LEVELS), "debug, info, warning or error (default info)"),
+    Option("log.format", "log_format", _choice("log.format", FORMATS),
+           "json or console (default: json unless stderr is a terminal)"),
+    Option("sim.gpus", "sim_gpus", _int("sim.gpus", 1, 64), "simulated backend: number of GPUs (default 8)"),
+    Option("sim.profile", "sim_profile", _choice("sim.profile", SIM_PROFILES),
+           "simulated backend: rtx6000 (fans) or h200 (fanless) (default rtx6000)"),
+    Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
+)
+_BY_FIELD = {o.field: o for o in OPTIONS}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file (env GPUWATCH_CONFIG)")
+    for option in OPTIONS:
+        parser.add_argument(
+            option.flag,
+            dest=option.field,
+            default=None,
+            action="append" if option.repeatable else "store",
+            help=f"{option.help} [env {option.env}]",
+        )
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping of keys, e.g. 'poll: {{interval: 2}}'")
+    return data
+
+
+def _flatten_yaml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Map nested YAML onto Config fields; unknown keys are an error (typos must not pass silently)."""
+    by_path = {o.yaml_path: o for o in OPTIONS}
+    prefixes = {p[:i] for p in by_path for i in range(1, len(p))}
+    result: dict[str, Any] = {}
+
+    def walk(node: Mapping[str, Any], trail: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            here = trail + (str(key),)
+            if here in by_path:
+                result[by_path[here].field] = value
+            elif here in prefixes and isinstance(value, dict):
+                walk(value, here)
+            else:
+                known = sorted(".".join(p) for p in by_path)
+                raise ConfigError(f"config file {path}: unknown key {'.'.join(here)!r}; known keys: {', '.join(known)}")
+
+    walk(data, ())
+    return result
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Config:
+    """Build the Config: defaults < YAML file < environment < flags < overrides (from the command)."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    config_file = getattr(args, "config", None) or environ.get("GPUWATCH_CONFIG")
+    if config_file:
+        raw.update(_flatten_yaml(_load_yaml(config_file), config_file))
+    for option in OPTIONS:
+        if option.env in environ and environ[option.env] != "":
+            raw[option.field] = environ[option.env]
+    if args is not None:
+        for option in OPTIONS:
+            value = getattr(args, option.field, None)
+            if value is not None:
+                raw[option.field] = value
+    raw.update(overrides or {})
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        option = _BY_FIELD[name]
+        values[name] = None if value is None else option.parse(value)
+    config = Config(**values)
+    if config.poll_slow_interval < config.poll_interval:
+        raise ConfigError(
+            f"poll.slow-interval ({config.poll_slow_interval:g} s) must not be shorter than "
+            f"poll.interval ({config.poll_interval:g} s)"
+        )
+    if config.poll_staleness is not None and config.poll_staleness < config.poll_interval:
+        raise ConfigError(
+            f"poll.staleness ({config.poll_staleness:g} s) must be at least poll.interval ({config.poll_interval:g} s)"
+        )
+    return config
+
+
+def replace(config: Config, **changes: Any) -> Config:
+    return dataclasses.replace(config, **changes)

@@ -1,0 +1,168 @@
+"""The Prometheus collector: a stateless view over the latest store snapshot.
+
+A scrape never calls NVML. Readings older than the staleness bound are dropped (the
+``gpuwatch_last_poll_timestamp_seconds`` gauges still say when data was last fresh); unsupported
+readings are absent, never 0 or NaN. Output is sorted by family, then labels.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterator
+from importlib import metadata
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpuwatch import __version__
+from gpuwatch.clock import Clock
+from gpuwatch.exporter.catalogue import CATALOGUE
+from gpuwatch.model import FEATURES, GpuState, NodeSnapshot, TierState, absolute_thresholds
+
+# XID codes exported at 0 from the start on GPUs with XID events, so that the first event shows
+# up in increase(): the codes that mean a GPU needs attention (see docs/metrics.md).
+WELL_KNOWN_XIDS = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+
+LabelValues = tuple[str, ...]
+
+
+def _sort_key(values: LabelValues) -> tuple:
+    return tuple((0, int(v), "") if v.isdigit() else (1, 0, v) for v in values)
+
+
+class Samples:
+    """Accumulates samples per family name; every name must be in the catalogue."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, list[tuple[LabelValues, float]]] = {}
+
+    def add(self, name: str, labels: LabelValues, value: float | int | bool | None) -> None:
+        if value is None:
+            return
+        self._data.setdefault(name, []).append((labels, float(value)))
+
+    def families(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        for name in sorted(self._data):
+            spec = CATALOGUE[name]
+            cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+            family = cls(name, spec.help, labels=spec.labels)
+            for labels, value in sorted(self._data[name], key=lambda item: _sort_key(item[0])):
+                family.add_metric(labels, value)
+            yield family
+
+
+def binding_version() -> str:
+    try:
+        return metadata.version("nvidia-ml-py")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class GpuwatchCollector(Collector):
+    def __init__(self, snapshot: Callable[[], NodeSnapshot], clock: Clock,
+                 staleness: Callable[[str], float]) -> None:
+        self._snapshot = snapshot
+        self._clock = clock
+        self._staleness = staleness
+        self._build = (__version__, platform.python_version(), binding_version())
+
+    def describe(self) -> list:
+        return []  # never collect at registration time
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return render(self._snapshot(), self._clock.monotonic(), self._staleness, self._build).families()
+
+
+def tier_fresh(tier: TierState, now: float, bound: float) -> bool:
+    last = tier.last_completed_monotonic
+    return tier.success and last is not None and now - last <= bound
+
+
+def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], build: LabelValues) -> Samples:
+    out = Samples()
+    out.add("gpuwatch_build_info", build, 1)
+    out.add("gpuwatch_backend_up", (snap.backend,), snap.backend_up)
+    out.add("gpuwatch_gpus", (), snap.visible_gpus)
+    if snap.driver is not None:
+        d = snap.driver
+        out.add("gpuwatch_driver_info", (d.driver_version, d.nvml_version, d.cuda_driver_version), 1)
+    for tier_name, tier in snap.tiers.items():
+        t = (tier_name,)
+        out.add("gpuwatch_poll_success", t, tier_fresh(tier, now, staleness(tier_name)))
+        out.add("gpuwatch_poll_duration_seconds", t, tier.duration_seconds)
+        out.add("gpuwatch_last_poll_timestamp_seconds", t, tier.last_completed_wall)
+        for error, count in tier.errors_total.items():
+            out.add("gpuwatch_poll_errors_total", (tier_name, error), count)
+    fast_bound, slow_bound = staleness("fast"), staleness("slow")
+    for gpu in snap.gpus:
+        _render_gpu(out, gpu, now, fast_bound, slow_bound)
+    return out
+
+
+def _render_gpu(out: Samples, gpu: GpuState, now: float, fast_bound: float, slow_bound: float) -> None:
+    ident = gpu.identity
+    g = (str(ident.index), ident.uuid)
+    out.add("gpuwatch_gpu_info", g + (
+        ident.name, ident.pci_bus_id, ident.serial or "",
+        "" if ident.minor_number is None else str(ident.minor_number),
+        ident.vbios_version or "", ident.architecture or "",
+    ), 1)
+    out.add("gpuwatch_gpu_up", g, gpu.up)
+    for feature in FEATURES:
+        if feature in gpu.features:
+            out.add("gpuwatch_gpu_feature_supported", g + (feature,), gpu.features[feature])
+    if gpu.features.get("xid_events"):
+        codes = set(WELL_KNOWN_XIDS) | set(gpu.xid_counts)
+        for xid in codes:
+            out.add("gpuwatch_xid_errors_total", g + (str(xid),), gpu.xid_counts.get(xid, 0))
+    for xid, ts in gpu.xid_last_timestamp.items():
+        out.add("gpuwatch_xid_last_timestamp_seconds", g + (str(xid),), ts)
+    if not gpu.up:
+        return
+    fast = gpu.fast if gpu.fast_monotonic is not None and now - gpu.fast_monotonic <= fast_bound else None
+    slow = gpu.slow if gpu.slow_monotonic is not None and now - gpu.slow_monotonic <= slow_bound else None
+    if fast is not None:
+        out.add("gpuwatch_temperature_celsius", g + ("gpu",), fast.temperature_celsius)
+        out.add("gpuwatch_temperature_celsius", g + ("memory",), fast.memory_temperature_celsius)
+        out.add("gpuwatch_temperature_margin_celsius", g, fast.temperature_margin_celsius)
+        for fan in fast.fans:
+            f = g + (str(fan.fan),)
+            out.add("gpuwatch_fan_speed_ratio", f, fan.speed_ratio)
+            out.add("gpuwatch_fan_target_speed_ratio", f, fan.target_speed_ratio)
+            out.add("gpuwatch_fan_speed_rpm", f, fan.speed_rpm)
+        out.add("gpuwatch_power_watts", g, fast.power_watts)
+        out.add("gpuwatch_energy_joules_total", g, fast.energy_joules)
+        out.add("gpuwatch_performance_state", g, fast.performance_state)
+        for engine, ratio in fast.utilization_ratio.items():
+            out.add("gpuwatch_utilization_ratio", g + (engine,), ratio)
+        out.add("gpuwatch_memory_total_bytes", g, fast.memory_total_bytes)
+        out.add("gpuwatch_memory_used_bytes", g, fast.memory_used_bytes)
+        out.add("gpuwatch_memory_free_bytes", g, fast.memory_free_bytes)
+        out.add("gpuwatch_memory_reserved_bytes", g, fast.memory_reserved_bytes)
+        for clock, hz in fast.clock_hertz.items():
+            out.add("gpuwatch_clock_hertz", g + (clock,), hz)
+        for reason, active in fast.clocks_event_active.items():
+            out.add("gpuwatch_clocks_event_active", g + (reason,), active)
+        for reason, seconds in fast.clocks_event_seconds.items():
+            out.add("gpuwatch_clocks_event_seconds_total", g + (reason,), seconds)
+    if slow is not None:
+        for name, celsius in absolute_thresholds(fast, slow).items():
+            out.add("gpuwatch_temperature_threshold_celsius", g + (name,), celsius)
+        for name, celsius in slow.temperature_margin_threshold_celsius.items():
+            out.add("gpuwatch_temperature_margin_threshold_celsius", g + (name,), celsius)
+        for name, watts in slow.power_limit_watts.items():
+            out.add("gpuwatch_power_limit_watts", g + (name,), watts)
+        for clock, hz in slow.clock_max_hertz.items():
+            out.add("gpuwatch_clock_max_hertz", g + (clock,), hz)
+        for (error, counter), count in slow.ecc_errors.items():
+            out.add("gpuwatch_ecc_errors_total", g + (error, counter), count)
+        for error, count in slow.remapped_rows.items():
+            out.add("gpuwatch_remapped_rows_total", g + (error,), count)
+        out.add("gpuwatch_remapped_rows_pending", g, slow.remapped_rows_pending)
+        out.add("gpuwatch_remapped_rows_failed", g, slow.remapped_rows_failed)
+        out.add("gpuwatch_retired_pages_pending", g, slow.retired_pages_pending)
+        for link, gen in slow.pcie_link_generation.items():
+            out.add("gpuwatch_pcie_link_generation", g + (link,), gen)
+        for link, width in slow.pcie_link_width.items():
+            out.add("gpuwatch_pcie_link_width", g + (link,), width)
+        out.add("gpuwatch_pcie_replays_total", g, slow.pcie_replays)

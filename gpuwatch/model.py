@@ -1,0 +1,223 @@
+"""The data model: what a backend reports, in base units, with ``None`` meaning "not supported".
+
+Everything here is a frozen value object. Backends build them, the poller stores them, the
+rules and the exporter read them. Units are in the field names (``_celsius``, ``_watts``,
+``_bytes``, ``_hertz``, ``_ratio``, ``_seconds``, ``_joules``); no field ever holds a sentinel
+like 0 or NaN for "unavailable": absent readings are ``None`` or missing from their mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Capabilities probed once per GPU and exported as gpuwatch_gpu_feature_supported{feature}.
+FEATURES: tuple[str, ...] = (
+    "clocks_event_reasons",
+    "clocks_event_time",
+    "ecc",
+    "energy",
+    "fan",
+    "fan_rpm",
+    "fan_target",
+    "memory_temperature",
+    "pcie",
+    "power",
+    "power_limit",
+    "remapped_rows",
+    "retired_pages",
+    "temperature_margin",
+    "utilization",
+    "xid_events",
+)
+
+UTILIZATION_ENGINES: tuple[str, ...] = ("gpu", "memory", "encoder", "decoder")
+CLOCKS: tuple[str, ...] = ("graphics", "sm", "memory", "video")
+THRESHOLDS: tuple[str, ...] = ("shutdown", "slowdown", "gpu_max", "memory_max")
+POWER_LIMITS: tuple[str, ...] = ("enforced", "default", "min", "max")
+
+# Clock-event (throttle) reason bits, as in nvml.h (nvmlClocksEventReason*).
+CLOCKS_EVENT_REASON_BITS: Mapping[str, int] = {
+    "gpu_idle": 0x001,
+    "applications_clocks_setting": 0x002,
+    "sw_power_cap": 0x004,
+    "hw_slowdown": 0x008,
+    "sync_boost": 0x010,
+    "sw_thermal_slowdown": 0x020,
+    "hw_thermal_slowdown": 0x040,
+    "hw_power_brake_slowdown": 0x080,
+    "display_clock_setting": 0x100,
+}
+
+# Cumulative throttle-time counters (gpuwatch_clocks_event_seconds_total{reason}).
+CLOCKS_EVENT_TIME_REASONS: tuple[str, ...] = (
+    "sw_power_cap",
+    "sync_boost",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "thermal",
+)
+
+
+def decode_clocks_event_reasons(mask: int, supported: int) -> dict[str, bool]:
+    """Reason name -> active, for every reason bit the GPU supports."""
+    return {
+        name: bool(mask & bit)
+        for name, bit in CLOCKS_EVENT_REASON_BITS.items()
+        if supported & bit
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """Static facts, read once at discovery."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    serial: str | None = None
+    minor_number: int | None = None
+    vbios_version: str | None = None
+    architecture: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredGpu:
+    """A GPU found by discovery, with its probed capabilities (feature -> supported)."""
+
+    identity: GpuIdentity
+    features: Mapping[str, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    driver_version: str
+    nvml_version: str
+    cuda_driver_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class FanReading:
+    fan: int
+    speed_ratio: float | None = None
+    target_speed_ratio: float | None = None
+    speed_rpm: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FastSample:
+    """Readings of the fast tier (default every 2 s)."""
+
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    temperature_margin_celsius: float | None = None
+    fans: tuple[FanReading, ...] = ()
+    power_watts: float | None = None
+    energy_joules: float | None = None
+    performance_state: int | None = None
+    utilization_ratio: Mapping[str, float] = field(default_factory=dict)
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    clock_hertz: Mapping[str, float] = field(default_factory=dict)
+    clocks_event_active: Mapping[str, bool] = field(default_factory=dict)
+    clocks_event_seconds: Mapping[str, float] = field(default_factory=dict)
+    # Lowercase NVML error names of queries that failed in this poll (not NOT_SUPPORTED probes).
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SlowSample:
+    """Readings of the slow tier (default every 30 s): health counters, limits, thresholds."""
+
+    temperature_threshold_celsius: Mapping[str, float] = field(default_factory=dict)
+    temperature_margin_threshold_celsius: Mapping[str, float] = field(default_factory=dict)
+    power_limit_watts: Mapping[str, float] = field(default_factory=dict)
+    clock_max_hertz: Mapping[str, float] = field(default_factory=dict)
+    # (error, counter) -> count, error in corrected|uncorrected, counter in volatile|aggregate
+    ecc_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    remapped_rows: Mapping[str, int] = field(default_factory=dict)  # correctable|uncorrectable
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    retired_pages_pending: bool | None = None
+    pcie_link_generation: Mapping[str, int] = field(default_factory=dict)  # current|max
+    pcie_link_width: Mapping[str, int] = field(default_factory=dict)
+    pcie_replays: int | None = None
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    uuid: str
+    xid: int
+    timestamp: float  # wall-clock seconds
+
+
+def absolute_thresholds(fast: FastSample | None, slow: SlowSample | None) -> dict[str, float]:
+    """Temperature thresholds on the absolute (°C) scale.
+
+    Taken from NVML's absolute thresholds where the driver gives them; otherwise derived from the
+    T.Limit scale: absolute = current temperature + margin - T.Limit threshold (an H200 at 28 °C
+    with margin 59 and slowdown T.Limit -2 slows down at 89 °C). The GPU margin says nothing
+    about the memory's own limit, so ``memory_max`` is never derived.
+    """
+    result: dict[str, float] = dict(slow.temperature_threshold_celsius) if slow else {}
+    if slow is None or fast is None:
+        return result
+    temp, margin = fast.temperature_celsius, fast.temperature_margin_celsius
+    if temp is None or margin is None:
+        return result
+    for name, tlimit in slow.temperature_margin_threshold_celsius.items():
+        if name != "memory_max":
+            result.setdefault(name, temp + margin - tlimit)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """Everything the store knows about one GPU at one moment."""
+
+    identity: GpuIdentity
+    features: Mapping[str, bool]
+    up: bool
+    fast: FastSample | None = None
+    fast_monotonic: float | None = None  # when ``fast`` was read
+    slow: SlowSample | None = None
+    slow_monotonic: float | None = None
+    xid_counts: Mapping[int, int] = field(default_factory=dict)
+    xid_last_timestamp: Mapping[int, float] = field(default_factory=dict)
+    visible: bool = True  # False: not in the last discovery (kept so that it shows up as down)
+
+
+@dataclass(frozen=True, slots=True)
+class TierState:
+    """Outcome of the last poll of one tier (``fast`` or ``slow``)."""
+
+    success: bool = False
+    duration_seconds: float | None = None
+    last_completed_wall: float | None = None
+    last_completed_monotonic: float | None = None
+    errors_total: Mapping[str, int] = field(default_factory=dict)
+    in_flight_since: float | None = None  # monotonic start of a poll still running
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """An immutable view of the whole node, handed to rules and the exporter."""
+
+    generation: int
+    backend: str
+    backend_up: bool
+    backend_reason: str | None
+    driver: DriverInfo | None
+    gpus: tuple[GpuState, ...]
+    tiers: Mapping[str, TierState]
+    visible_gpus: int
+    taken_monotonic: float
+    taken_wall: float

@@ -1,0 +1,241 @@
+"""The poller: the only user of APScheduler. Two tiers of polls, the backend's lifecycle, XID events.
+
+- fast tier (default 2 s) and slow tier (default 30 s) run as interval jobs with at most one
+  instance in flight each: a wedged NVML call holds its tier's thread, later runs of that tier are
+  skipped (reported once as ``poll_overrun``) and the data goes stale; nothing piles up and HTTP
+  never waits. When the call returns, the next run goes on by itself.
+- the backend's lifecycle: if it cannot be opened (driver not loaded, library missing, driver
+  upgraded without reboot) the poller logs the cause once with a hint, retries with capped
+  exponential backoff and recovers by itself. One lost GPU never stops the others.
+- XID events arrive on their own thread (``wait_events``) and go into the store.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpuwatch.backends.base import Backend
+from gpuwatch.clock import Clock
+from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.logs import get_logger
+from gpuwatch.model import NodeSnapshot
+from gpuwatch.store import Store
+
+MAX_BACKOFF_SECONDS = 60.0
+EVENT_WAIT_SECONDS = 1.0
+
+
+class Poller:
+    def __init__(
+        self,
+        backend: Backend,
+        store: Store,
+        clock: Clock,
+        fast_interval: float = 2.0,
+        slow_interval: float = 30.0,
+        on_fast_poll: Callable[[NodeSnapshot], None] | None = None,
+    ) -> None:
+        self._backend = backend
+        self._store = store
+        self._clock = clock
+        self._fast_interval = fast_interval
+        self._slow_interval = slow_interval
+        self._on_fast_poll = on_fast_poll
+        self._log = get_logger(component="poller", backend=backend.name)
+        self._lifecycle = threading.Lock()
+        self._up = False
+        self._next_attempt = 0.0
+        self._backoff = fast_interval
+        self._last_down_reason: str | None = None
+        self._lost: set[str] = set()
+        self._overrun_logged: set[str] = set()
+        self._stop = threading.Event()
+        self._events_thread: threading.Thread | None = None
+        self._scheduler: BackgroundScheduler | None = None
+        self._slow_due = True
+
+    # -- lifecycle of the backend ------------------------------------------------------------
+    @property
+    def backend_up(self) -> bool:
+        return self._up
+
+    def ensure_backend(self) -> bool:
+        """Open the backend if it is down and a retry is due. Returns whether it is up."""
+        if self._up:
+            return True
+        if self._clock.monotonic() < self._next_attempt:
+            return False
+        if not self._lifecycle.acquire(blocking=False):
+            return False  # another tier is opening it right now
+        try:
+            if self._up:
+                return True
+            try:
+                driver = self._backend.open()
+                gpus = self._backend.discover()
+            except BackendUnavailable as exc:
+                self._mark_down(exc)
+                return False
+            self._store.set_gpus(gpus)
+            up = len(gpus) > 0
+            self._store.set_backend(up, None if up else "no GPUs visible", driver)
+            self._up = True
+            self._backoff = self._fast_interval
+            self._slow_due = True
+            event = "backend_recovered" if self._last_down_reason else "backend_up"
+            self._log.info(event, gpus=len(gpus), driver_version=driver.driver_version)
+            if not gpus:
+                self._log.warning("no_gpus", hint="the driver sees no GPU: check `nvidia-smi -L` and the device nodes")
+            self._last_down_reason = None
+            return True
+        finally:
+            self._lifecycle.release()
+
+    def _mark_down(self, exc: BackendUnavailable) -> None:
+        self._up = False
+        self._backend.close()
+        self._store.set_backend(False, exc.message)
+        self._next_attempt = self._clock.monotonic() + self._backoff
+        retry_in = self._backoff
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_SECONDS)
+        if exc.reason != self._last_down_reason:
+            self._log.error("backend_down", reason=exc.reason, error=exc.message, hint=exc.hint,
+                            retry_in_seconds=round(retry_in, 1))
+            self._last_down_reason = exc.reason
+        else:
+            self._log.debug("backend_still_down", reason=exc.reason, retry_in_seconds=round(retry_in, 1))
+
+    def _backend_lost(self, exc: BackendUnavailable) -> None:
+        with self._lifecycle:
+            if self._up:
+                self._backoff = self._fast_interval
+                self._mark_down(exc)
+
+    # -- polls -------------------------------------------------------------------------------
+    def poll_fast(self) -> None:
+        self._poll("fast")
+        if self._on_fast_poll is not None:
+            self._on_fast_poll(self._store.snapshot())
+
+    def poll_slow(self) -> None:
+        self._poll("slow")
+
+    def _poll(self, tier: str) -> None:
+        started = time.perf_counter()
+        self._overrun_logged.discard(tier)
+        if not self.ensure_backend():
+            self._store.poll_finished(tier, False, time.perf_counter() - started)
+            return
+        if tier == "fast" and self._slow_due:
+            # Thresholds and limits are needed from the first fast poll on.
+            self._slow_due = False
+            self._poll("slow")
+        self._store.poll_started(tier)
+        errors: list[str] = []
+        complete = True
+        read = self._backend.read_fast if tier == "fast" else self._backend.read_slow
+        put = self._store.put_fast if tier == "fast" else self._store.put_slow
+        for uuid in self._store.visible_uuids():
+            try:
+                sample = read(uuid)
+            except DeviceLost as exc:
+                complete = False
+                errors.append("gpu_is_lost")
+                if self._store.set_gpu_up(uuid, False) or uuid not in self._lost:
+                    self._lost.add(uuid)
+                    self._log.error("gpu_lost", tier=tier, uuid=uuid, gpu=self._index(uuid), error=str(exc),
+                                    hint="the GPU fell off the bus or hangs: check `dmesg` for Xid 79; "
+                                         "it needs a GPU reset or a reboot")
+                continue
+            except BackendUnavailable as exc:
+                errors.append(exc.reason)
+                self._backend_lost(exc)
+                self._store.poll_finished(tier, False, time.perf_counter() - started, errors)
+                return
+            except Exception as exc:  # a bug in a backend must not stop the other GPUs
+                complete = False
+                errors.append("internal")
+                self._log.error("poll_failed", tier=tier, uuid=uuid, gpu=self._index(uuid),
+                                error=f"{type(exc).__name__}: {exc}", exc_info=True)
+                continue
+            if uuid in self._lost:
+                self._lost.discard(uuid)
+                self._log.info("gpu_recovered", uuid=uuid, gpu=self._index(uuid))
+            errors.extend(sample.errors)
+            put(uuid, sample)
+        self._store.poll_finished(tier, complete, time.perf_counter() - started, errors)
+
+    def _index(self, uuid: str) -> str:
+        for gpu in self._store.snapshot().gpus:
+            if gpu.identity.uuid == uuid:
+                return str(gpu.identity.index)
+        return ""
+
+    # -- XID events ----------------------------------------------------------------------------
+    def _events_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._up:
+                self._stop.wait(EVENT_WAIT_SECONDS)
+                continue
+            try:
+                events = self._backend.wait_events(EVENT_WAIT_SECONDS)
+            except BackendUnavailable:
+                self._stop.wait(EVENT_WAIT_SECONDS)
+                continue
+            except Exception as exc:
+                self._log.error("events_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
+                self._stop.wait(EVENT_WAIT_SECONDS)
+                continue
+            for event in events:
+                self._store.record_xid(event)
+                self._log.warning("xid_event", uuid=event.uuid, gpu=self._index(event.uuid), xid=event.xid)
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _on_max_instances(self, event: JobExecutionEvent) -> None:
+        tier = event.job_id
+        self._store.poll_overrun(tier)
+        if tier not in self._overrun_logged:
+            self._overrun_logged.add(tier)
+            since = self._store.snapshot().tiers[tier].in_flight_since
+            running = None if since is None else round(self._clock.monotonic() - since, 1)
+            self._log.warning("poll_overrun", tier=tier, running_seconds=running,
+                              hint="an NVML call is not returning (wedged driver?); data goes stale until it does")
+
+    def start(self) -> None:
+        scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max_workers=4)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+            timezone="UTC",
+        )
+        scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
+        scheduler.add_job(self.poll_fast, "interval", seconds=self._fast_interval, id="fast",
+                          next_run_time=_now())
+        scheduler.add_job(self.poll_slow, "interval", seconds=self._slow_interval, id="slow")
+        scheduler.start()
+        self._scheduler = scheduler
+        self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
+        self._events_thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+        if self._events_thread is not None:
+            self._events_thread.join(timeout=EVENT_WAIT_SECONDS * 2)
+        if self._lifecycle.acquire(timeout=2):
+            try:
+                self._backend.close()
+            finally:
+                self._lifecycle.release()
+
+
+def _now():  # noqa: ANN202 - APScheduler wants an aware datetime
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)

@@ -1,0 +1,171 @@
+"""The snapshot store: latest readings per GPU, tier outcomes and XID counters, thread-safe.
+
+Writers are the poller's threads; readers (exporter, rules, status API) take an immutable
+``NodeSnapshot``. A snapshot is rebuilt only after a write, so scrapes between polls are cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Iterable
+
+from gpuwatch.clock import Clock
+from gpuwatch.model import (
+    DiscoveredGpu,
+    DriverInfo,
+    FastSample,
+    GpuState,
+    NodeSnapshot,
+    SlowSample,
+    TierState,
+    XidEvent,
+)
+
+TIERS = ("fast", "slow")
+
+
+class Store:
+    def __init__(self, clock: Clock, backend: str) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._backend = backend
+        self._backend_up = False
+        self._backend_reason: str | None = "not started"
+        self._driver: DriverInfo | None = None
+        self._gpus: dict[str, GpuState] = {}
+        self._visible = 0
+        self._tiers: dict[str, TierState] = {t: TierState() for t in TIERS}
+        self._errors: dict[str, Counter[str]] = {t: Counter() for t in TIERS}
+        self._generation = 0
+        self._snapshot: NodeSnapshot | None = None
+
+    # -- writers -----------------------------------------------------------------------------
+    def _changed(self) -> None:
+        self._generation += 1
+        self._snapshot = None
+
+    def set_backend(self, up: bool, reason: str | None = None, driver: DriverInfo | None = None) -> None:
+        with self._lock:
+            self._backend_up = up
+            self._backend_reason = None if up else reason
+            self._driver = driver
+            if not up:
+                # Nothing can be said about the GPUs while the backend is down: they stay listed, down.
+                self._visible = 0
+                for uuid, state in self._gpus.items():
+                    if state.up:
+                        self._gpus[uuid] = dataclasses.replace(state, up=False)
+            self._changed()
+
+    def set_gpus(self, discovered: Iterable[DiscoveredGpu]) -> None:
+        """Apply a discovery. GPUs seen before but not now stay, down and not visible."""
+        with self._lock:
+            seen = set()
+            for gpu in discovered:
+                uuid = gpu.identity.uuid
+                seen.add(uuid)
+                old = self._gpus.get(uuid)
+                if old is None:
+                    self._gpus[uuid] = GpuState(identity=gpu.identity, features=dict(gpu.features), up=True)
+                else:
+                    self._gpus[uuid] = dataclasses.replace(
+                        old, identity=gpu.identity, features=dict(gpu.features), up=True, visible=True
+                    )
+            for uuid, state in self._gpus.items():
+                if uuid not in seen and state.visible:
+                    self._gpus[uuid] = dataclasses.replace(state, up=False, visible=False)
+            self._visible = len(seen)
+            self._changed()
+
+    def put_fast(self, uuid: str, sample: FastSample) -> None:
+        with self._lock:
+            state = self._gpus[uuid]
+            self._gpus[uuid] = dataclasses.replace(
+                state, up=True, fast=sample, fast_monotonic=self._clock.monotonic()
+            )
+            self._changed()
+
+    def put_slow(self, uuid: str, sample: SlowSample) -> None:
+        with self._lock:
+            state = self._gpus[uuid]
+            self._gpus[uuid] = dataclasses.replace(
+                state, slow=sample, slow_monotonic=self._clock.monotonic()
+            )
+            self._changed()
+
+    def set_gpu_up(self, uuid: str, up: bool) -> bool:
+        """Mark one GPU up or down; returns True when that changed its state."""
+        with self._lock:
+            state = self._gpus.get(uuid)
+            if state is None or state.up == up:
+                return False
+            self._gpus[uuid] = dataclasses.replace(state, up=up)
+            self._changed()
+            return True
+
+    def record_xid(self, event: XidEvent) -> None:
+        with self._lock:
+            state = self._gpus.get(event.uuid)
+            if state is None:
+                return
+            counts = dict(state.xid_counts)
+            counts[event.xid] = counts.get(event.xid, 0) + 1
+            last = dict(state.xid_last_timestamp)
+            last[event.xid] = event.timestamp
+            self._gpus[event.uuid] = dataclasses.replace(state, xid_counts=counts, xid_last_timestamp=last)
+            self._changed()
+
+    def poll_started(self, tier: str) -> None:
+        with self._lock:
+            self._tiers[tier] = dataclasses.replace(
+                self._tiers[tier], in_flight_since=self._clock.monotonic()
+            )
+            self._changed()
+
+    def poll_overrun(self, tier: str) -> None:
+        """A scheduled poll was skipped because the previous one is still running."""
+        with self._lock:
+            if self._tiers[tier].success:
+                self._tiers[tier] = dataclasses.replace(self._tiers[tier], success=False)
+                self._changed()
+
+    def poll_finished(self, tier: str, success: bool, duration: float, errors: Iterable[str] = ()) -> None:
+        with self._lock:
+            counter = self._errors[tier]
+            counter.update(errors)
+            self._tiers[tier] = TierState(
+                success=success,
+                duration_seconds=duration,
+                last_completed_wall=self._clock.wall(),
+                last_completed_monotonic=self._clock.monotonic(),
+                errors_total=dict(counter),
+                in_flight_since=None,
+            )
+            self._changed()
+
+    # -- readers -----------------------------------------------------------------------------
+    def visible_uuids(self) -> list[str]:
+        with self._lock:
+            return [s.identity.uuid for s in self._sorted() if s.visible]
+
+    def _sorted(self) -> list[GpuState]:
+        return sorted(self._gpus.values(), key=lambda s: (s.identity.index, s.identity.uuid))
+
+    def snapshot(self) -> NodeSnapshot:
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = NodeSnapshot(
+                    generation=self._generation,
+                    backend=self._backend,
+                    backend_up=self._backend_up,
+                    backend_reason=self._backend_reason,
+                    driver=self._driver,
+                    gpus=tuple(self._sorted()),
+                    tiers=dict(self._tiers),
+                    visible_gpus=self._visible,
+                    taken_monotonic=self._clock.monotonic(),
+                    taken_wall=self._clock.wall(),
+                )
+            return self._snapshot

@@ -1,0 +1,172 @@
+"""The poller against a scripted backend: lifecycle, lost GPUs, wedged calls, XID events."""
+
+import json
+import threading
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwatch.clock import FakeClock
+from gpuwatch.errors import BackendUnavailable
+from gpuwatch.model import XidEvent
+from gpuwatch.poller import Poller
+from gpuwatch.store import Store
+from gpuwatch.testing import ScriptedBackend, exposition
+
+
+def samples(text):
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(text, name, **labels):
+    return samples(text).get((name, tuple(sorted(labels.items()))))
+
+
+def make(gpus=2):
+    clock = FakeClock()
+    backend = ScriptedBackend(gpus)
+    store = Store(clock, backend.name)
+    poller = Poller(backend, store, clock, fast_interval=2.0, slow_interval=30.0)
+    return clock, backend, store, poller
+
+
+def log_events(capsys):
+    return [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+
+
+def test_first_fast_poll_also_reads_the_slow_tier():
+    """Thresholds and limits are there from the first fast poll, not 30 s later."""
+    clock, backend, store, poller = make()
+    poller.poll_fast()
+    text = exposition(store, clock)
+    assert value(text, "gpuwatch_backend_up", backend="scripted") == 1
+    assert value(text, "gpuwatch_power_limit_watts", gpu="0", uuid=backend.gpus[0].identity.uuid, limit="enforced") == 700
+    assert value(text, "gpuwatch_poll_success", tier="fast") == 1
+    assert value(text, "gpuwatch_poll_success", tier="slow") == 1
+    assert backend.calls["read_slow"] == 2
+
+
+def test_backend_down_is_logged_once_retried_with_backoff_and_recovers(capsys):
+    """Driver not loaded: served as backend_up 0, one log line with a hint, capped backoff, recovery."""
+    clock, backend, store, poller = make()
+    backend.open_error = BackendUnavailable("driver_not_loaded", "NVML: Driver Not Loaded", "modprobe nvidia")
+    attempts = []
+    for _ in range(40):
+        before = backend.calls.get("open", 0)
+        poller.poll_fast()
+        if backend.calls.get("open", 0) > before:
+            attempts.append(clock.monotonic())
+        clock.advance(2.0)
+    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    assert gaps[:4] == [2.0, 4.0, 8.0, 16.0]
+    assert max(gaps) <= 60.0
+    text = exposition(store, clock)
+    assert value(text, "gpuwatch_backend_up", backend="scripted") == 0
+    assert value(text, "gpuwatch_poll_success", tier="fast") == 0
+    down = [e for e in log_events(capsys) if e["event"] == "backend_down"]
+    assert len(down) == 1 and down[0]["reason"] == "driver_not_loaded" and down[0]["hint"] == "modprobe nvidia"
+
+    backend.open_error = None
+    clock.advance(60.0)
+    poller.poll_fast()
+    text = exposition(store, clock)
+    assert value(text, "gpuwatch_backend_up", backend="scripted") == 1
+    assert value(text, "gpuwatch_gpus") == 2
+    assert [e["event"] for e in log_events(capsys)] .count("backend_recovered") == 1
+
+
+def test_backend_lost_mid_run_marks_down_and_reopens(capsys):
+    clock, backend, store, poller = make()
+    poller.poll_fast()
+    backend.read_error = BackendUnavailable("uninitialized", "NVML: Uninitialized", "")
+    clock.advance(2)
+    poller.poll_fast()
+    assert not store.snapshot().backend_up
+    assert backend.calls["close"] == 1
+    backend.read_error = None
+    clock.advance(2)
+    poller.poll_fast()
+    assert store.snapshot().backend_up
+    assert backend.calls["open"] == 2
+
+
+def test_lost_gpu_stays_visible_at_zero_and_others_go_on(capsys):
+    clock, backend, store, poller = make(3)
+    poller.poll_fast()
+    lost = backend.gpus[1].identity.uuid
+    backend.lost.add(lost)
+    for _ in range(3):
+        clock.advance(2)
+        poller.poll_fast()
+    text = exposition(store, clock)
+    assert value(text, "gpuwatch_gpu_up", gpu="1", uuid=lost) == 0
+    assert value(text, "gpuwatch_gpu_up", gpu="0", uuid=backend.gpus[0].identity.uuid) == 1
+    assert value(text, "gpuwatch_temperature_celsius", gpu="1", uuid=lost, sensor="gpu") is None
+    assert value(text, "gpuwatch_temperature_celsius", gpu="2", uuid=backend.gpus[2].identity.uuid, sensor="gpu") == 28
+    assert value(text, "gpuwatch_poll_success", tier="fast") == 0
+    assert value(text, "gpuwatch_poll_errors_total", tier="fast", error="gpu_is_lost") == 3
+    assert [e["event"] for e in log_events(capsys)].count("gpu_lost") == 1
+    backend.lost.clear()
+    clock.advance(2)
+    poller.poll_fast()
+    assert value(exposition(store, clock), "gpuwatch_gpu_up", gpu="1", uuid=lost) == 1
+
+
+def test_readings_are_dropped_after_the_staleness_bound():
+    """A poll that stops completing leaves the last-poll timestamp old and the readings gone."""
+    clock, backend, store, poller = make(1)
+    polled_at = clock.wall()
+    poller.poll_fast()
+    uuid = backend.gpus[0].identity.uuid
+    clock.advance(5.9)
+    assert value(exposition(store, clock), "gpuwatch_temperature_celsius", gpu="0", uuid=uuid, sensor="gpu") == 28
+    clock.advance(0.2)
+    text = exposition(store, clock)
+    assert value(text, "gpuwatch_temperature_celsius", gpu="0", uuid=uuid, sensor="gpu") is None
+    assert value(text, "gpuwatch_poll_success", tier="fast") == 0
+    assert value(text, "gpuwatch_gpu_up", gpu="0", uuid=uuid) == 1
+    assert value(text, "gpuwatch_last_poll_timestamp_seconds", tier="fast") == polled_at
+
+
+def test_wedged_call_skips_runs_without_piling_up_and_resumes(capsys):
+    """With the real scheduler: a read that blocks holds one thread; later runs are skipped, not queued."""
+    clock, backend, store, poller = make(1)
+    scheduler_poller = Poller(backend, store, clock, fast_interval=0.05, slow_interval=30.0)
+    backend.block = threading.Event()
+    scheduler_poller.start()
+    try:
+        deadline = threading.Event()
+        for _ in range(100):
+            if [e for e in log_events(capsys) if e["event"] == "poll_overrun"]:
+                break
+            deadline.wait(0.05)
+        else:
+            raise AssertionError("no poll_overrun logged while the read was blocked")
+        assert backend.calls.get("read_fast", 0) == 1
+        assert threading.active_count() < 20
+        backend.block.set()
+        for _ in range(100):
+            if backend.calls.get("read_fast", 0) >= 3:
+                break
+            deadline.wait(0.05)
+        assert backend.calls["read_fast"] >= 3
+    finally:
+        backend.block.set()
+        scheduler_poller.stop()
+
+
+def test_xid_events_become_counters_from_zero():
+    clock, backend, store, poller = make(1)
+    poller.poll_fast()
+    uuid = backend.gpus[0].identity.uuid
+    text = exposition(store, clock)
+    assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="79") == 0
+    store.record_xid(XidEvent(uuid, 79, 1_700_000_100.0))
+    store.record_xid(XidEvent(uuid, 13, 1_700_000_200.0))
+    text = exposition(store, clock)
+    assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="79") == 1
+    assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="13") == 1
+    assert value(text, "gpuwatch_xid_last_timestamp_seconds", gpu="0", uuid=uuid, xid="13") == 1_700_000_200.0
