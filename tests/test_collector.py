@@ -1,0 +1,94 @@
+"""The collector: unsupported is absent, thresholds on both scales, stable order, contract names."""
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwatch.clock import FakeClock
+from gpuwatch.exporter.catalogue import CATALOGUE
+from gpuwatch.model import FEATURES, DiscoveredGpu
+from gpuwatch.store import Store
+from gpuwatch.testing import exposition, fan, fast_sample, identity, slow_sample
+
+
+def node(features, fast, slow):
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    gpu = DiscoveredGpu(identity(0), features)
+    store.set_gpus([gpu])
+    store.set_backend(True)
+    store.put_fast(gpu.identity.uuid, fast)
+    store.put_slow(gpu.identity.uuid, slow)
+    return exposition(store, clock)
+
+
+def series(text):
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def names(text):
+    return {name for name, _ in series(text)}
+
+
+def test_fanless_gpu_exports_no_fan_series_and_says_so():
+    features = {f: f not in ("fan", "fan_rpm", "fan_target") for f in FEATURES}
+    text = node(features, fast_sample(), slow_sample())
+    assert not any(n.startswith("gpuwatch_fan_") for n in names(text))
+    uuid = identity(0).uuid
+    s = series(text)
+    assert s[("gpuwatch_gpu_feature_supported", (("feature", "fan"), ("gpu", "0"), ("uuid", uuid)))] == 0
+    assert s[("gpuwatch_gpu_feature_supported", (("feature", "power"), ("gpu", "0"), ("uuid", uuid)))] == 1
+
+
+def test_zero_fan_speed_is_exported_as_zero():
+    """A 0 % fan reading means a stopped fan: it must not vanish like an unsupported reading."""
+    features = {f: True for f in FEATURES}
+    text = node(features, fast_sample(fans=(fan(0, speed=0.0, target=0.6, rpm=0.0), fan(1))), slow_sample())
+    uuid = identity(0).uuid
+    s = series(text)
+    assert s[("gpuwatch_fan_speed_ratio", (("fan", "0"), ("gpu", "0"), ("uuid", uuid)))] == 0.0
+    assert s[("gpuwatch_fan_target_speed_ratio", (("fan", "0"), ("gpu", "0"), ("uuid", uuid)))] == 0.6
+    assert s[("gpuwatch_fan_speed_rpm", (("fan", "1"), ("gpu", "0"), ("uuid", uuid)))] == 1500.0
+
+
+def test_tlimit_thresholds_are_exported_on_both_scales():
+    """H200 capture: 28 C, T.Limit 59, slowdown -2 => absolute slowdown 89 C; memory_max not derived."""
+    features = {f: True for f in FEATURES}
+    text = node(features, fast_sample(), slow_sample())
+    uuid = identity(0).uuid
+    s = series(text)
+    absolute = {dict(k[1])["threshold"]: v for k, v in s.items() if k[0] == "gpuwatch_temperature_threshold_celsius"}
+    margin = {dict(k[1])["threshold"]: v for k, v in s.items() if k[0] == "gpuwatch_temperature_margin_threshold_celsius"}
+    assert absolute == {"shutdown": 95.0, "slowdown": 89.0, "gpu_max": 87.0}
+    assert margin == {"shutdown": -8.0, "slowdown": -2.0, "gpu_max": 0.0, "memory_max": 0.0}
+    assert s[("gpuwatch_temperature_margin_celsius", (("gpu", "0"), ("uuid", uuid)))] == 59.0
+
+
+def test_absolute_thresholds_from_the_driver_win():
+    features = {f: True for f in FEATURES}
+    slow = slow_sample(temperature_threshold_celsius={"shutdown": 101.0, "slowdown": 96.0, "gpu_max": 90.0},
+                       temperature_margin_threshold_celsius={})
+    text = node(features, fast_sample(temperature_margin_celsius=None), slow)
+    absolute = {dict(k[1])["threshold"]: v for k, v in series(text).items()
+                if k[0] == "gpuwatch_temperature_threshold_celsius"}
+    assert absolute == {"shutdown": 101.0, "slowdown": 96.0, "gpu_max": 90.0}
+
+
+def test_every_family_is_in_the_catalogue_with_its_labels_and_order_is_stable():
+    features = {f: True for f in FEATURES}
+    text = node(features, fast_sample(fans=(fan(0),)), slow_sample())
+    families = list(text_string_to_metric_families(text))
+    exposed = [f.name + "_total" if f.type == "counter" else f.name for f in families]
+    assert exposed == sorted(exposed)
+    for family, name in zip(families, exposed):
+        spec = CATALOGUE[name]
+        for sample in family.samples:
+            assert tuple(sorted(sample.labels)) == tuple(sorted(spec.labels)), sample
+    # base units only, and the contract's conventions
+    for name in CATALOGUE:
+        assert re.fullmatch(r"gpuwatch_[a-z0-9_]+", name)
+        assert name.endswith("_total") == (CATALOGUE[name].type == "counter")

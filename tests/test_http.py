@@ -1,0 +1,85 @@
+"""HTTP endpoints over a real listening server: landing page, metrics, health, errors."""
+
+import gzip
+import urllib.error
+import urllib.request
+
+import pytest
+
+from gpuwatch.clock import FakeClock
+from gpuwatch.exporter.http import App, HttpServers
+from gpuwatch.poller import Poller
+from gpuwatch.store import Store
+from gpuwatch.testing import ScriptedBackend, registry_for
+
+
+@pytest.fixture()
+def node():
+    clock = FakeClock()
+    backend = ScriptedBackend(2)
+    store = Store(clock, backend.name)
+    poller = Poller(backend, store, clock)
+    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", 6.0)
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    host, port = servers.servers[0].server_address[:2]
+    yield clock, backend, store, poller, f"http://{host}:{port}"
+    servers.close()
+
+
+def get(url, headers=None, method="GET"):
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_healthz_follows_the_fast_poll(node):
+    clock, backend, store, poller, base = node
+    status, _, body = get(base + "/healthz")
+    assert status == 503 and b"backend scripted down" in body
+    poller.poll_fast()
+    status, _, body = get(base + "/healthz")
+    assert status == 200 and body.startswith(b"ok: 2 GPUs")
+    clock.advance(7)
+    status, _, body = get(base + "/healthz")
+    assert status == 503 and body == b"last fast poll completed 7.0 s ago (staleness bound 6 s)\n"
+
+
+def test_metrics_text_openmetrics_and_gzip(node):
+    clock, backend, store, poller, base = node
+    poller.poll_fast()
+    status, headers, body = get(base + "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert b'gpuwatch_gpu_up{gpu="1",uuid="GPU-00000000-0000-4000-8000-000000000001"} 1.0' in body
+    status, headers, body = get(base + "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+    status, headers, body = get(base + "/metrics", {"Accept-Encoding": "gzip"})
+    assert headers.get("Content-Encoding") == "gzip"
+    assert b"gpuwatch_power_watts" in gzip.decompress(body)
+
+
+def test_landing_page_404_and_405(node):
+    _, _, _, _, base = node
+    status, headers, body = get(base + "/")
+    assert status == 200 and b'<a href="/metrics">' in body
+    status, _, body = get(base + "/nope")
+    assert status == 404 and b"/metrics" in body
+    status, headers, _ = get(base + "/metrics", method="POST")
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+
+
+def test_port_in_use_raises_oserror():
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", 6.0)
+    first = HttpServers(["127.0.0.1:0"], app)
+    port = first.servers[0].server_address[1]
+    try:
+        with pytest.raises(OSError):
+            HttpServers([f"127.0.0.1:{port}"], app)
+    finally:
+        first.close()
