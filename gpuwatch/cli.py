@@ -35,7 +35,13 @@ def make_backend(config: Config, clock: Clock) -> Backend:
     if config.backend == "simulated":
         from gpuwatch.backends.simulated import SimulatedBackend, demo_tour
 
-        faults = demo_tour() if config.sim_faults else None
+        faults = None
+        if config.sim_faults:
+            if config.sim_gpus >= 3:
+                faults = demo_tour(gpu_count=config.sim_gpus, profile=config.sim_profile)
+            else:
+                logs.get_logger(component="main").warning(
+                    "demo_tour_disabled", reason="the fault tour needs at least 3 GPUs", hint="use --sim.gpus 3 or more")
         return SimulatedBackend(clock, gpu_count=config.sim_gpus, profile=config.sim_profile, faults=faults)
     from gpuwatch.backends.nvml import NvmlBackend
 

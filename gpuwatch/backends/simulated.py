@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.model import (
+    CLOCKS,
     CLOCKS_EVENT_REASON_BITS,
     CLOCKS_EVENT_TIME_REASONS,
     FEATURES,
@@ -432,7 +433,8 @@ FAULT_KINDS: dict[str, FaultKind] = {
     "ecc_uncorrectable": FaultKind(
         "`count` uncorrectable ECC errors at onset (volatile and aggregate) and, where supported, "
         "one uncorrectable remapped row pending until the end of the window (the GPU reset, which "
-        "also zeroes the volatile counters). XID `xid` at onset (94, contained ECC error; 0: none).",
+        "also zeroes the volatile counters). XID `xid` at onset (94, contained ECC error; "
+        "0: none).",
         params={"count": 2.0, "xid": 94.0},
         requires=("ecc",),
         onset=_ecc_onset,
@@ -470,7 +472,10 @@ def demo_tour(
         raise ValueError("the demo tour needs at least 3 GPUs")
     if profile not in PROFILES:
         raise ValueError(_unknown_profile(profile))
-    fan_gpu, hot_gpu, lost_gpu = (2, 5, 7) if gpu_count >= 8 else tuple(range(gpu_count - 3, gpu_count))
+    if gpu_count >= 8:
+        fan_gpu, hot_gpu, lost_gpu = 2, 5, 7
+    else:
+        fan_gpu, hot_gpu, lost_gpu = gpu_count - 3, gpu_count - 2, gpu_count - 1
     p = period_seconds
 
     def f(kind: str, gpu: int, start: float, end: float, **params: float) -> Fault:
@@ -519,7 +524,13 @@ class _JobSchedule:
             start = self._horizon
             end = start + rng.uniform(150.0, 900.0)
             self._jobs.append(
-                _Job(start, end, rng.uniform(0.6, 1.0), rng.uniform(0.1, 0.85), rng.uniform(0.05, 0.6))
+                _Job(
+                    start,
+                    end,
+                    utilization=rng.uniform(0.6, 1.0),
+                    memory_fraction=rng.uniform(0.1, 0.85),
+                    memory_intensity=rng.uniform(0.05, 0.6),
+                )
             )
             self._horizon = end + rng.uniform(20.0, 240.0)
         while self._jobs and self._jobs[0].end <= t:
@@ -709,14 +720,15 @@ def _fast_sample(g: _Gpu) -> FastSample:
             )
             for i in range(p.fan_count)
         )
-    if g.busy:
+    if g.busy:  # memory clock stays at max; the others follow the throttle factor
         clocks = {
-            name: max(p.clock_idle_mhz[name], _round_to(p.clock_max_mhz[name] * g.clock_factor, 15))
-            for name in ("graphics", "sm", "video")
+            name: p.clock_max_mhz[name]
+            if name == "memory"
+            else max(p.clock_idle_mhz[name], _round_to(p.clock_max_mhz[name] * g.clock_factor, 15))
+            for name in CLOCKS
         }
-        clocks["memory"] = p.clock_max_mhz["memory"]
     else:
-        clocks = dict(p.clock_idle_mhz)
+        clocks = {name: p.clock_idle_mhz[name] for name in CLOCKS}
     mask = 0
     for reason, on in (
         ("gpu_idle", not g.busy),
@@ -847,7 +859,9 @@ class SimulatedBackend:
         if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or not (
             1 <= gpu_count <= MAX_GPUS
         ):
-            raise ValueError(f"gpu_count must be an integer from 1 to {MAX_GPUS}, got {gpu_count!r}")
+            raise ValueError(
+                f"gpu_count must be an integer from 1 to {MAX_GPUS}, got {gpu_count!r}"
+            )
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self._profile = PROFILES[profile]
