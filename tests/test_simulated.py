@@ -237,7 +237,7 @@ def test_h200_has_no_fans_and_reports_the_t_limit_scale():
     clock, backend, (uuid,) = make(profile="h200", faults=[burn(0, 0, 600)])
     (gpu,) = backend.discover()
     assert gpu.identity.name == "NVIDIA H200"
-    assert gpu.identity.architecture == "Hopper"
+    assert gpu.identity.architecture == "hopper"
     assert not gpu.features["fan"] and not gpu.features["fan_rpm"] and not gpu.features["fan_target"]
     assert gpu.features["temperature_margin"] and gpu.features["memory_temperature"]
     assert gpu.features["ecc"] and gpu.features["remapped_rows"]
@@ -330,7 +330,7 @@ def test_rtx6000_profile_facts():
     clock, backend, (uuid,) = make()
     (gpu,) = backend.discover()
     assert gpu.identity.name == "NVIDIA RTX 6000 Ada Generation"
-    assert gpu.identity.architecture == "Ada Lovelace"
+    assert gpu.identity.architecture == "ada"
     assert gpu.features["fan"] and gpu.features["fan_rpm"] and gpu.features["fan_target"]
     assert gpu.features["ecc"]
     assert not gpu.features["memory_temperature"] and not gpu.features["temperature_margin"]

@@ -142,7 +142,7 @@ class Profile:
 RTX6000 = Profile(
     key="rtx6000",
     name="NVIDIA RTX 6000 Ada Generation",
-    architecture="Ada Lovelace",
+    architecture="ada",  # as the NVML backend names NVML_DEVICE_ARCH_ADA
     vbios_version="95.02.5D.00.01",
     serial_prefix="1325",
     # 48 GB GDDR6 with ECC enabled, as the L40S (same AD102 board) reports it.
@@ -187,7 +187,7 @@ RTX6000 = Profile(
 H200 = Profile(
     key="h200",
     name="NVIDIA H200",
-    architecture="Hopper",
+    architecture="hopper",
     vbios_version="96.00.A5.00.03",
     serial_prefix="1654",
     memory_total_mib=143771,
