@@ -14,8 +14,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-
 from gpuwatch import __version__
 from gpuwatch import config as configuration
 from gpuwatch import logs
@@ -23,7 +21,7 @@ from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock
 from gpuwatch.config import Config
 from gpuwatch.errors import ConfigError
-from gpuwatch.exporter.collector import GpuwatchCollector
+from gpuwatch.exporter import build_registry, text_exposition
 from gpuwatch.exporter.http import App, HttpServers
 from gpuwatch.poller import Poller
 from gpuwatch.store import Store
@@ -57,9 +55,7 @@ class Agent:
         self.backend = backend or make_backend(config, self.clock)
         self.store = Store(self.clock, self.backend.name)
         self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GpuwatchCollector(self.store.snapshot, self.clock, config.staleness))
-        ProcessCollector(registry=self.registry)
+        self.registry = build_registry(self.store.snapshot, self.clock, config.staleness)
         self.http: HttpServers | None = None
 
     def serve(self) -> list[str]:
@@ -112,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _once(config: Config) -> int:
     agent = Agent(config)
     agent.poller.poll_fast()  # opens the backend and also runs the first slow poll
-    sys.stdout.buffer.write(generate_latest(agent.registry))
+    sys.stdout.buffer.write(text_exposition(agent.registry))
     sys.stdout.flush()
     up = agent.poller.backend_up
     agent.poller.stop()

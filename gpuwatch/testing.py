@@ -10,11 +10,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-
 from gpuwatch.clock import Clock, FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
-from gpuwatch.exporter.collector import GpuwatchCollector
+from gpuwatch.exporter import build_registry, text_exposition
 from gpuwatch.model import (
     FEATURES,
     DiscoveredGpu,
@@ -159,15 +157,15 @@ class ScriptedBackend:
         return events
 
 
-def registry_for(store: Store, clock: Clock, staleness: Callable[[str], float] | None = None) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuwatchCollector(store.snapshot, clock, staleness or (lambda tier: 6.0 if tier == "fast" else 90.0)))
-    return registry
+def registry_for(store: Store, clock: Clock, staleness: Callable[[str], float] | None = None) -> Any:
+    """A registry over ``store`` without process metrics (deterministic output)."""
+    return build_registry(store.snapshot, clock, staleness or (lambda tier: 6.0 if tier == "fast" else 90.0),
+                          process_metrics=False)
 
 
 def exposition(store: Store, clock: Clock, staleness: Callable[[str], float] | None = None) -> str:
     """The text exposition of a store, as /metrics would serve it (without process metrics)."""
-    return generate_latest(registry_for(store, clock, staleness)).decode()
+    return text_exposition(registry_for(store, clock, staleness)).decode()
 
 
 def replace(obj: Any, **changes: Any) -> Any:

@@ -1,0 +1,58 @@
+"""Import rules of the architecture (style.md): data flows backend -> poller -> store -> exporter."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gpuwatch"
+
+
+def imports(path):
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", "."), path
+
+
+def importers_of(prefix):
+    return {name for name, path in modules() if any(i == prefix or i.startswith(prefix + ".") for i in imports(path))}
+
+
+def test_only_the_nvml_backend_imports_pynvml():
+    assert importers_of("pynvml") == {"gpuwatch.backends.nvml"}
+
+
+def test_only_the_poller_uses_apscheduler():
+    assert importers_of("apscheduler") == {"gpuwatch.poller"}
+
+
+def test_only_the_exporter_imports_prometheus_client():
+    assert {m for m in importers_of("prometheus_client") if not m.startswith("gpuwatch.exporter")} == set()
+
+
+LAYERS = {
+    # module prefix: gpuwatch modules it must not import
+    "gpuwatch.model": ("gpuwatch.backends", "gpuwatch.poller", "gpuwatch.store", "gpuwatch.exporter", "gpuwatch.cli",
+                       "gpuwatch.rules", "gpuwatch.config"),
+    "gpuwatch.backends": ("gpuwatch.poller", "gpuwatch.store", "gpuwatch.exporter", "gpuwatch.cli", "gpuwatch.rules"),
+    "gpuwatch.store": ("gpuwatch.poller", "gpuwatch.exporter", "gpuwatch.cli", "gpuwatch.backends"),
+    "gpuwatch.rules": ("gpuwatch.poller", "gpuwatch.exporter", "gpuwatch.cli", "gpuwatch.backends"),
+    "gpuwatch.exporter": ("gpuwatch.poller", "gpuwatch.cli", "gpuwatch.backends"),
+    "gpuwatch.poller": ("gpuwatch.exporter", "gpuwatch.cli"),
+}
+
+
+def test_lower_layers_never_import_higher_ones():
+    for name, path in modules():
+        for prefix, banned in LAYERS.items():
+            if name == prefix or name.startswith(prefix + "."):
+                bad = {i for i in imports(path) for b in banned if i == b or i.startswith(b + ".")}
+                assert not bad, f"{name} imports {bad}"
