@@ -1,0 +1,991 @@
+"""Fake ``libnvidia-ml.so.1`` for exercising the *real* pynvml binding without a GPU.
+
+``fake_nvml.c`` (next to this file) is compiled into ``libnvidia-ml.so.1``.
+A subprocess started with :func:`env` (``LD_LIBRARY_PATH`` prepended) makes
+``pynvml`` load it instead of the driver's library. What the fake reports is
+read from a small text *state file* (env ``FAKE_NVML_STATE``), which the test
+rewrites atomically with :meth:`FakeNode.write` while the subprocess runs: the
+library notices the new file within ~50 ms and always on ``nvmlInit``.
+``LD_LIBRARY_PATH`` only takes effect when a process starts, so the fake
+can only be used from a *new* process.
+
+Typical use::
+
+    from fakenvml import FakeNode, build, env, read_counts
+
+    lib_dir = build()                      # or build(old_driver=True)
+    node = FakeNode.h200(count=8)
+    node.gpus[3].lost = True
+    node.gpus[0].set_error("nvmlDeviceGetPowerUsage", 3)     # NOT_SUPPORTED
+    node.block("nvmlDeviceGetPowerUsage", seconds=30, gpu=2) # hang one GPU
+    node.add_xid(gpu=1, xid=79)
+    node.write(tmp_path / "state")
+    subprocess.run([sys.executable, "agent.py"],
+                   env=env(lib_dir, tmp_path / "state", tmp_path / "counts"))
+    read_counts(tmp_path / "counts")["nvmlDeviceGetPowerUsage"]
+
+Values use NVML's own units: mW, mJ, bytes, MHz, degrees C, ns. A reading set
+to ``None`` (or an empty list/dict) is left out of the state file and the
+fake answers ``NVML_ERROR_NOT_SUPPORTED`` (3) for it.
+
+State file format (the full reference is the comment at the top of
+``fake_nvml.c``): one ``key args...`` per line, ``#`` comments. Global keys
+first (``init_error``, ``driver_version``, ``nvml_version``, ``cuda_version``,
+``cuda_version_v2``, ``gpu_count``, ``fieldvalues_all_failed``,
+``xid_after_register``, ``error <sym|*> <code>``, ``unsupported <sym>``,
+``block <sym|*> <ms>``), then one section per GPU started by ``gpu <index>``:
+identity (``uuid``, ``name``, ``pci_bus_id``, ``serial``, ``vbios``, ``minor``,
+``architecture``, ``brand``, ...), readings (``temperature``,
+``margin_temperature``, ``threshold <t> <C>``, ``fan <i> <pct> <target> <rpm>``,
+``power_usage``, ``memory <total> <reserved> <used>``, ``clock <t> <MHz>``, ...),
+``field <id> <type> <value>`` / ``field_error <id> <code>`` for
+nvmlDeviceGetFieldValues, per-GPU ``error``/``unsupported``/``block`` lines,
+``lost 1``, ``process compute|graphics <pid> <bytes>`` and ``xid <seq> <xid>``.
+A per-GPU key that is absent means NOT_SUPPORTED.
+
+Field values are produced here, from the same attributes as the plain calls,
+so e.g. field 83 always equals nvmlDeviceGetTotalEnergyConsumption:
+
+====================  =====================================  ==========
+field ids             source attribute                       value type
+====================  =====================================  ==========
+3, 4, 5, 6            ``ecc_errors`` (SBE/DBE x VOL/AGG)     ull
+31                    ``retired_pages_pending``              ui
+74-79, 269-271        ``throttle_ns[id]``                    ull
+82                    ``memory_temperature``                 ui
+83                    ``energy_mj``                          ull
+94                    ``pcie_replay``                        ui
+142-145               ``remapped_rows``                      ui
+193-196               ``tlimit_thresholds`` (T.Limit scale)  si
+anything              ``fields[id] = (type, value)``         as given
+====================  =====================================  ==========
+
+``field_errors[id] = code`` makes one entry fail. Unknown ids give a
+per-entry NOT_SUPPORTED; the old-driver build answers every id > 200 with
+INVALID_ARGUMENT (2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import math
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable
+
+__all__ = [
+    "FakeGpu",
+    "FakeNode",
+    "FakeNvmlBuildError",
+    "FakeNvmlEnv",
+    "NEW_SYMBOLS",
+    "PROFILES",
+    "build",
+    "env",
+    "make_gpu",
+    "prepare",
+    "read_counts",
+    "symbols",
+]
+
+HERE = pathlib.Path(__file__).resolve().parent
+SOURCE = HERE / "fake_nvml.c"
+BUILD_ROOT = HERE / "build"
+LIB_NAME = "libnvidia-ml.so.1"
+
+MIB = 1024 * 1024
+
+# NVML return codes used here.
+SUCCESS = 0
+ERROR_UNINITIALIZED = 1
+ERROR_INVALID_ARGUMENT = 2
+ERROR_NOT_SUPPORTED = 3
+ERROR_NO_PERMISSION = 4
+ERROR_DRIVER_NOT_LOADED = 9
+ERROR_TIMEOUT = 10
+ERROR_GPU_IS_LOST = 15
+ERROR_LIB_RM_VERSION_MISMATCH = 18
+ERROR_UNKNOWN = 999
+
+# nvmlEventType* bits.
+EVENT_SBE = 0x1
+EVENT_DBE = 0x2
+EVENT_PSTATE = 0x4
+EVENT_XID = 0x8
+EVENT_MIG_CONFIG = 0x100
+
+# Symbols left out of the FAKE_OLD_DRIVER build (pynvml -> NVMLError_FunctionNotFound).
+NEW_SYMBOLS = frozenset(
+    {
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetMarginTemperature",
+        "nvmlDeviceGetTargetFanSpeed",
+        "nvmlDeviceGetFanSpeedRPM",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetSupportedClocksEventReasons",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    }
+)
+
+# Value type names accepted by the state file's "field" lines (NVML_VALUE_TYPE_*).
+VALUE_TYPES = ("d", "ui", "ul", "ull", "sll", "si", "us")
+
+# C limits (keep in sync with fake_nvml.c).
+MAX_GPUS = 64
+MAX_FIELDS = 160
+MAX_PROCS = 64
+MAX_XIDS = 4096
+
+_COUNT_SLOT = struct.Struct("=56sQ")
+_COUNT_SLOTS = 128
+
+
+class FakeNvmlBuildError(RuntimeError):
+    """The fake library could not be compiled (no C compiler, or cc failed)."""
+
+
+# ---------------------------------------------------------------------------
+# Build / environment / counts
+# ---------------------------------------------------------------------------
+
+_build_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def symbols() -> tuple[str, ...]:
+    """All C symbol names the fake implements, in call-count slot order
+    (parsed from the ``FAKE_SYMBOLS`` X-macro in ``fake_nvml.c``)."""
+    text = SOURCE.read_text()
+    start = text.index("#define FAKE_SYMBOLS(X)")
+    end = text.index("#define SYM_ENUM")
+    return tuple(re.findall(r"X\((nvml\w+)\)", text[start:end]))
+
+
+def _check_symbol(name: str) -> str:
+    if name != "*" and name not in symbols():
+        raise ValueError(f"fake NVML has no symbol {name!r} (see fakenvml.symbols())")
+    return name
+
+
+def build(old_driver: bool = False) -> pathlib.Path:
+    """Compile the fake library (once per variant) and return the directory
+    that contains ``libnvidia-ml.so.1``.
+
+    The result is cached in ``tests/fakenvml/build/{new,old}/`` and rebuilt
+    when ``fake_nvml.c`` is newer than it. Safe to call from several threads
+    and processes (flock + atomic rename). ``$CC`` overrides the compiler.
+    ``old_driver=True`` compiles with ``-DFAKE_OLD_DRIVER``: the symbols in
+    :data:`NEW_SYMBOLS` are missing and field ids > 200 are invalid.
+    """
+    variant = "old" if old_driver else "new"
+    out_dir = BUILD_ROOT / variant
+    lib = out_dir / LIB_NAME
+    with _build_lock:
+        if _up_to_date(lib):
+            return out_dir
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if not cc:
+            raise FakeNvmlBuildError(
+                "cannot build the fake libnvidia-ml.so.1: no C compiler found "
+                "(looked for $CC, cc, gcc, clang on PATH); install gcc or clang"
+            )
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / ".lock", "w") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                if _up_to_date(lib):  # another process built it meanwhile
+                    return out_dir
+                tmp = out_dir / f".{LIB_NAME}.{os.getpid()}.tmp"
+                cmd = [
+                    *shlex.split(cc),
+                    "-shared",
+                    "-fPIC",
+                    "-O2",
+                    "-Wall",
+                    "-Wextra",
+                    "-Wl,-soname," + LIB_NAME,
+                    *(["-DFAKE_OLD_DRIVER"] if old_driver else []),
+                    "-o",
+                    str(tmp),
+                    str(SOURCE),
+                    "-lpthread",
+                ]
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                except OSError as exc:
+                    raise FakeNvmlBuildError(f"cannot run C compiler {cc!r}: {exc}") from exc
+                if proc.returncode != 0:
+                    with contextlib.suppress(OSError):
+                        tmp.unlink()
+                    raise FakeNvmlBuildError(
+                        f"building the fake NVML library failed ({' '.join(cmd)}):\n{proc.stderr}"
+                    )
+                # rename: processes that already mapped the old file keep it intact
+                os.replace(tmp, lib)
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+    return out_dir
+
+
+def _up_to_date(lib: pathlib.Path) -> bool:
+    try:
+        return lib.stat().st_mtime_ns >= SOURCE.stat().st_mtime_ns
+    except FileNotFoundError:
+        return False
+
+
+def env(
+    lib_dir: os.PathLike | str,
+    state_path: os.PathLike | str,
+    counts_path: os.PathLike | str | None = None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment for a subprocess that should load the fake library.
+
+    Returns a copy of ``base`` (default ``os.environ``) with ``lib_dir``
+    prepended to ``LD_LIBRARY_PATH`` and ``FAKE_NVML_STATE`` set. With
+    ``counts_path`` the library keeps per-symbol call counts there
+    (``FAKE_NVML_COUNTS``); without it any inherited ``FAKE_NVML_COUNTS`` is
+    removed. Pass the result as ``env=`` to ``subprocess``.
+    """
+    out = dict(os.environ if base is None else base)
+    old = out.get("LD_LIBRARY_PATH")
+    out["LD_LIBRARY_PATH"] = str(lib_dir) + (os.pathsep + old if old else "")
+    out["FAKE_NVML_STATE"] = str(state_path)
+    if counts_path is not None:
+        out["FAKE_NVML_COUNTS"] = str(counts_path)
+    else:
+        out.pop("FAKE_NVML_COUNTS", None)
+    return out
+
+
+def read_counts(counts_path: os.PathLike | str) -> dict[str, int]:
+    """Per-C-symbol call counts from a ``FAKE_NVML_COUNTS`` file.
+
+    Every symbol the library knows is present (0 if never called). Returns
+    ``{}`` if the file does not exist yet (no process has loaded the library).
+    Several processes may share one file; their counts add up.
+    """
+    try:
+        data = pathlib.Path(counts_path).read_bytes()
+    except FileNotFoundError:
+        return {}
+    counts: dict[str, int] = {}
+    for i in range(min(_COUNT_SLOTS, len(data) // _COUNT_SLOT.size)):
+        raw_name, count = _COUNT_SLOT.unpack_from(data, i * _COUNT_SLOT.size)
+        name = raw_name.split(b"\0", 1)[0].decode("ascii", "replace")
+        if name:
+            counts[name] = count
+    return counts
+
+
+# ---------------------------------------------------------------------------
+# State model
+# ---------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> int:
+    """Seconds -> the state file's block milliseconds (-1 = until removed)."""
+    if seconds is None or math.isinf(seconds):
+        return -1
+    if seconds <= 0:
+        return 0
+    return max(1, round(seconds * 1000))
+
+
+@dataclass
+class FakeGpu:
+    """One fake GPU. Attributes map 1:1 onto state-file lines.
+
+    ``None`` / empty means "not supported" (NVML_ERROR_NOT_SUPPORTED). Units
+    are NVML's: mW, mJ, bytes, MHz, degrees C, ns. Build realistic ones with
+    :func:`make_gpu` or the :class:`FakeNode` constructors; mutate freely,
+    then :meth:`FakeNode.write`.
+    """
+
+    # identity
+    uuid: str | None = "GPU-00000000-0000-0000-0000-000000000000"
+    name: str | None = "NVIDIA Fake GPU"
+    pci_bus_id: str | None = "00000000:01:00.0"  # "dddddddd:bb:dd.f", hex
+    serial: str | None = None  # <= 29 chars (NVML's buffer is 30)
+    vbios: str | None = None
+    minor: int | None = 0
+    architecture: int | None = 9  # NVML_DEVICE_ARCH_*: 6 Turing, 8 Ada, 9 Hopper
+    brand: int | None = 14  # NVML_BRAND_*: 5 GeForce, 14 NVIDIA
+    persistence: int | None = 1
+    pci_device_id: int | None = None
+    pci_subsystem_id: int | None = None
+    cuda_cc: tuple[int, int] | None = None
+
+    # temperatures (C)
+    temperature: int | None = 30
+    margin_temperature: int | None = None  # nvmlDeviceGetMarginTemperature (T.Limit)
+    memory_temperature: int | None = None  # field 82
+    thresholds: dict[int, int] = field(default_factory=dict)  # GetTemperatureThreshold type -> C
+    tlimit_thresholds: tuple[int | None, int | None, int | None, int | None] | None = None  # fields 193-196
+
+    # fans: one entry per fan; [] = no fans (all fan calls NOT_SUPPORTED).
+    # An entry of None in fan_rpms / fan_targets = that reading NOT_SUPPORTED.
+    fan_speeds: list[int] = field(default_factory=list)  # %
+    fan_targets: list[int | None] = field(default_factory=list)  # % (defaults to fan_speeds)
+    fan_rpms: list[int | None] = field(default_factory=list)
+
+    # power
+    power_mw: int | None = 100_000
+    energy_mj: int | None = 0
+    power_limit_mw: int | None = None  # nvmlDeviceGetPowerManagementLimit
+    enforced_power_limit_mw: int | None = None
+    default_power_limit_mw: int | None = None
+    power_limit_constraints_mw: tuple[int, int] | None = None
+    pstate: int | None = 0
+
+    # utilization / memory (bytes)
+    utilization: tuple[int, int] | None = (0, 0)  # (gpu %, memory %)
+    encoder_utilization: tuple[int, int] | None = (0, 167_000)  # (%, sampling period us)
+    decoder_utilization: tuple[int, int] | None = (0, 167_000)
+    memory_total: int | None = 16 * 1024 * MIB
+    memory_reserved: int = 0
+    memory_used: int = 0  # excluding reserved (nvmlMemory_v2 semantics)
+
+    # clocks (MHz), index = NVML_CLOCK_GRAPHICS 0, SM 1, MEM 2, VIDEO 3
+    clocks: list[int | None] = field(default_factory=list)
+    max_clocks: list[int | None] = field(default_factory=list)
+    clocks_event_reasons: int | None = 0
+    supported_clocks_event_reasons: int | None = 0x1FF
+
+    # PCIe
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_max_gen: int | None = None
+    pcie_max_width: int | None = None
+    pcie_replay: int | None = 0
+
+    # health
+    ecc_mode: tuple[int, int] | None = None  # (current, pending)
+    ecc_errors: dict[tuple[int, int], int] | None = None  # (errType 0 SBE/1 DBE, counter 0 VOL/1 AGG)
+    remapped_rows: tuple[int, int, int, int] | None = None  # (corr, unc, pending, failure)
+    retired_pages_pending: int | None = None
+    throttle_ns: dict[int, int] = field(default_factory=dict)  # field id (74-79, 269-271) -> ns
+
+    # field values: extra / overriding entries and per-entry failures
+    fields: dict[int, tuple[str, int | float]] = field(default_factory=dict)  # id -> (type, value)
+    field_errors: dict[int, int] = field(default_factory=dict)  # id -> per-entry nvmlReturn
+
+    # events
+    supported_event_types: int | None = EVENT_PSTATE | EVENT_XID
+    xids: list[tuple[int, int]] = field(default_factory=list)  # (seq, xid); use FakeNode.add_xid
+
+    # processes: (pid, used bytes or None = NVML_VALUE_NOT_AVAILABLE)
+    compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
+
+    # fault injection
+    lost: bool = False  # every per-device call -> NVML_ERROR_GPU_IS_LOST (15)
+    errors: dict[str, int] = field(default_factory=dict)  # symbol (or "*") -> code
+    unsupported: set[str] = field(default_factory=set)  # symbols -> NOT_SUPPORTED
+    blocks: dict[str, int] = field(default_factory=dict)  # symbol (or "*") -> ms (-1 forever)
+
+    # -- helpers -----------------------------------------------------------
+
+    def set_error(self, symbol: str, code: int) -> None:
+        """Make every call of C ``symbol`` on this GPU return ``code``
+        (``"*"`` = every symbol)."""
+        self.errors[_check_symbol(symbol)] = int(code)
+
+    def clear_error(self, symbol: str | None = None) -> None:
+        """Remove one injected error, or all of them (also ``unsupported``)."""
+        if symbol is None:
+            self.errors.clear()
+            self.unsupported.clear()
+        else:
+            self.errors.pop(symbol, None)
+            self.unsupported.discard(symbol)
+
+    def block(self, symbol: str, seconds: float | None) -> None:
+        """Make calls of ``symbol`` on this GPU sleep ``seconds`` before
+        answering (``None``/``inf`` = until :meth:`unblock` + write)."""
+        ms = _ms(seconds)
+        if ms:
+            self.blocks[_check_symbol(symbol)] = ms
+        else:
+            self.blocks.pop(symbol, None)
+
+    def unblock(self, symbol: str | None = None) -> None:
+        if symbol is None:
+            self.blocks.clear()
+        else:
+            self.blocks.pop(symbol, None)
+
+    def set_field(self, field_id: int, value: int | float, type: str = "ull") -> None:
+        """Add or override a nvmlDeviceGetFieldValues entry."""
+        if type not in VALUE_TYPES:
+            raise ValueError(f"field type must be one of {VALUE_TYPES}")
+        self.fields[int(field_id)] = (type, value)
+
+    def set_field_error(self, field_id: int, code: int) -> None:
+        """Make one field id fail with a per-entry ``nvmlReturn`` of ``code``."""
+        self.field_errors[int(field_id)] = int(code)
+
+    def add_process(self, pid: int, used_bytes: int | None, kind: str = "compute") -> None:
+        if kind not in ("compute", "graphics"):
+            raise ValueError("kind must be 'compute' or 'graphics'")
+        getattr(self, f"{kind}_processes").append((int(pid), used_bytes))
+
+    # -- derived field values ----------------------------------------------
+
+    def field_values(self) -> dict[int, tuple[str, int | float]]:
+        """The nvmlDeviceGetFieldValues entries this GPU reports (id -> (type, value))."""
+        out: dict[int, tuple[str, int | float]] = {}
+        if self.ecc_errors is not None:
+            for fid, key in ((3, (0, 0)), (4, (1, 0)), (5, (0, 1)), (6, (1, 1))):
+                if key in self.ecc_errors:
+                    out[fid] = ("ull", self.ecc_errors[key])
+        if self.retired_pages_pending is not None:
+            out[31] = ("ui", self.retired_pages_pending)
+        for fid, ns in self.throttle_ns.items():
+            out[int(fid)] = ("ull", ns)
+        if self.memory_temperature is not None:
+            out[82] = ("ui", self.memory_temperature)
+        if self.energy_mj is not None:
+            out[83] = ("ull", self.energy_mj)
+        if self.pcie_replay is not None:
+            out[94] = ("ui", self.pcie_replay)
+        if self.remapped_rows is not None:
+            for fid, v in zip((142, 143, 144, 145), self.remapped_rows):
+                out[fid] = ("ui", v)
+        if self.tlimit_thresholds is not None:
+            for fid, v in zip((193, 194, 195, 196), self.tlimit_thresholds):
+                if v is not None:
+                    out[fid] = ("si", v)
+        out.update(self.fields)
+        return out
+
+    # -- serialization -----------------------------------------------------
+
+    def lines(self, index: int) -> list[str]:
+        """State-file lines for this GPU as GPU ``index``."""
+        L = [f"gpu {index}"]
+
+        def put(key: str, *vals) -> None:
+            if any(v is None for v in vals):
+                return
+            L.append(" ".join([key, *(_num(v) for v in vals)]))
+
+        def put_hex(key: str, v) -> None:
+            if v is not None:
+                L.append(f"{key} {int(v):#x}")
+
+        for key in ("uuid", "name", "pci_bus_id", "serial", "vbios"):
+            v = getattr(self, key)
+            if v is not None:
+                if "\n" in str(v):
+                    raise ValueError(f"{key} must be a single line")
+                L.append(f"{key} {v}")
+        put("minor", self.minor)
+        put("architecture", self.architecture)
+        put("brand", self.brand)
+        put("persistence", self.persistence)
+        put_hex("pci_device_id", self.pci_device_id)
+        put_hex("pci_subsystem_id", self.pci_subsystem_id)
+        if self.cuda_cc is not None:
+            put("cuda_cc", *self.cuda_cc)
+        put("temperature", self.temperature)
+        put("margin_temperature", self.margin_temperature)
+        for t, c in sorted(self.thresholds.items()):
+            put("threshold", t, c)
+        for i, speed in enumerate(self.fan_speeds):
+            target = self.fan_targets[i] if i < len(self.fan_targets) else speed
+            rpm = self.fan_rpms[i] if i < len(self.fan_rpms) else None
+            L.append(" ".join(["fan", str(i), *(_num_na(v) for v in (speed, target, rpm))]))
+        put("power_usage", self.power_mw)
+        put("total_energy", self.energy_mj)
+        put("power_limit", self.power_limit_mw)
+        put("enforced_power_limit", self.enforced_power_limit_mw)
+        put("default_power_limit", self.default_power_limit_mw)
+        if self.power_limit_constraints_mw is not None:
+            put("power_limit_constraints", *self.power_limit_constraints_mw)
+        put("pstate", self.pstate)
+        if self.utilization is not None:
+            put("utilization", *self.utilization)
+        if self.encoder_utilization is not None:
+            put("encoder_utilization", *self.encoder_utilization)
+        if self.decoder_utilization is not None:
+            put("decoder_utilization", *self.decoder_utilization)
+        put("memory", self.memory_total, self.memory_reserved, self.memory_used)
+        for t, mhz in enumerate(self.clocks):
+            put("clock", t, mhz)
+        for t, mhz in enumerate(self.max_clocks):
+            put("max_clock", t, mhz)
+        put_hex("clocks_event_reasons", self.clocks_event_reasons)
+        put_hex("supported_clocks_event_reasons", self.supported_clocks_event_reasons)
+        put("pcie_gen", self.pcie_gen)
+        put("pcie_width", self.pcie_width)
+        put("pcie_max_gen", self.pcie_max_gen)
+        put("pcie_max_width", self.pcie_max_width)
+        put("pcie_replay", self.pcie_replay)
+        if self.ecc_mode is not None:
+            put("ecc_mode", *self.ecc_mode)
+        for (et, ct), n in sorted((self.ecc_errors or {}).items()):
+            put("ecc_errors", et, ct, n)
+        if self.remapped_rows is not None:
+            put("remapped_rows", *self.remapped_rows)
+        put("retired_pages_pending", self.retired_pages_pending)
+        put_hex("supported_event_types", self.supported_event_types)
+        fv = self.field_values()
+        if len(fv.keys() | self.field_errors.keys()) > MAX_FIELDS:
+            raise ValueError(f"at most {MAX_FIELDS} field ids per GPU")
+        for fid, (typ, val) in sorted(fv.items()):
+            if typ not in VALUE_TYPES:
+                raise ValueError(f"field {fid}: type must be one of {VALUE_TYPES}")
+            L.append(f"field {fid} {typ} {val!r}" if typ == "d" else f"field {fid} {typ} {int(val)}")
+        for fid, code in sorted(self.field_errors.items()):
+            put("field_error", fid, code)
+        if self.lost:
+            L.append("lost 1")
+        for sym in sorted(self.unsupported):
+            L.append(f"unsupported {_check_symbol(sym)}")
+        for sym, code in sorted(self.errors.items()):
+            put("error", _check_symbol(sym), code)
+        for sym, ms in sorted(self.blocks.items()):
+            put("block", _check_symbol(sym), ms)
+        for kind in ("compute", "graphics"):
+            procs = getattr(self, f"{kind}_processes")
+            if len(procs) > MAX_PROCS:
+                raise ValueError(f"at most {MAX_PROCS} {kind} processes per GPU")
+            for pid, used in procs:
+                L.append(f"process {kind} {int(pid)} {_num_na(used)}")
+        for seq, xid in self.xids:
+            put("xid", seq, xid)
+        return L
+
+
+def _num(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, str):
+        return v
+    return str(int(v))
+
+
+def _num_na(v) -> str:
+    return "na" if v is None else _num(v)
+
+
+@dataclass
+class FakeNode:
+    """A host: global NVML settings plus ``gpus`` (index = position).
+
+    Mutate attributes or use the helpers, then :meth:`write` the state file;
+    a running process picks the change up within ~50 ms.
+    """
+
+    gpus: list[FakeGpu] = field(default_factory=list)
+    init_error: int = 0  # nvmlInitWithFlags result: 9 DRIVER_NOT_LOADED, 18 LIB_RM_VERSION_MISMATCH, ...
+    driver_version: str = "590.48.01"
+    nvml_version: str = "13.590.48.01"
+    cuda_version: int = 13010  # nvmlSystemGetCudaDriverVersion (13.1)
+    cuda_version_v2: int | None = None  # defaults to cuda_version
+    gpu_count: int | None = None  # override nvmlDeviceGetCount_v2 (default len(gpus))
+    errors: dict[str, int] = field(default_factory=dict)  # all GPUs + system calls: symbol/"*" -> code
+    unsupported: set[str] = field(default_factory=set)
+    blocks: dict[str, int] = field(default_factory=dict)  # symbol/"*" -> ms, all GPUs + system calls
+    fieldvalues_all_failed: int | None = None  # GetFieldValues result when no entry succeeded
+    xid_after_register: bool = False  # True: XIDs queued before registration are not delivered
+    next_xid_seq: int = 1
+
+    # -- constructors --------------------------------------------------------
+
+    @classmethod
+    def h200(cls, count: int = 8, **node_kw) -> "FakeNode":
+        """``count`` idle NVIDIA H200 SXM GPUs (values from the H200 capture)."""
+        return cls.from_profiles(["h200"] * count, **node_kw)
+
+    @classmethod
+    def h100(cls, count: int = 8, **node_kw) -> "FakeNode":
+        return cls.from_profiles(["h100"] * count, **node_kw)
+
+    @classmethod
+    def l40s(cls, count: int = 4, **node_kw) -> "FakeNode":
+        return cls.from_profiles(["l40s"] * count, **node_kw)
+
+    @classmethod
+    def rtx(cls, count: int = 1, **node_kw) -> "FakeNode":
+        """``count`` GeForce RTX 4080 SUPER cards: two fans, absolute thresholds,
+        no margin/memory temperature, no ECC/remapped rows/retired pages."""
+        return cls.from_profiles(["rtx"] * count, **node_kw)
+
+    @classmethod
+    def from_profiles(cls, profiles: Iterable[str | FakeGpu], **node_kw) -> "FakeNode":
+        """A node from profile names (see :data:`PROFILES`) and/or ready FakeGpu
+        objects, e.g. ``FakeNode.from_profiles(["h200", "h200", "rtx"])``."""
+        gpus = [p if isinstance(p, FakeGpu) else make_gpu(p, i) for i, p in enumerate(profiles)]
+        return cls(gpus=gpus, **node_kw)
+
+    # -- helpers ---------------------------------------------------------------
+
+    def set_error(self, symbol: str, code: int, gpu: int | None = None) -> None:
+        """Inject ``code`` for C ``symbol`` on one GPU, or on all GPUs and the
+        system calls (``gpu=None``). ``"*"`` = every symbol but init/shutdown."""
+        if gpu is None:
+            self.errors[_check_symbol(symbol)] = int(code)
+        else:
+            self.gpus[gpu].set_error(symbol, code)
+
+    def clear_error(self, symbol: str | None = None, gpu: int | None = None) -> None:
+        if gpu is not None:
+            self.gpus[gpu].clear_error(symbol)
+        elif symbol is None:
+            self.errors.clear()
+            self.unsupported.clear()
+        else:
+            self.errors.pop(symbol, None)
+            self.unsupported.discard(symbol)
+
+    def block(self, symbol: str, seconds: float | None, gpu: int | None = None) -> None:
+        """Make ``symbol`` sleep ``seconds`` inside the call (on one GPU, or
+        everywhere). ``None``/``inf`` blocks until :meth:`unblock` + write; a
+        running call notices removal within ~50 ms."""
+        if gpu is not None:
+            self.gpus[gpu].block(symbol, seconds)
+            return
+        ms = _ms(seconds)
+        if ms:
+            self.blocks[_check_symbol(symbol)] = ms
+        else:
+            self.blocks.pop(symbol, None)
+
+    def unblock(self, symbol: str | None = None, gpu: int | None = None) -> None:
+        if gpu is not None:
+            self.gpus[gpu].unblock(symbol)
+        elif symbol is None:
+            self.blocks.clear()
+        else:
+            self.blocks.pop(symbol, None)
+
+    def add_xid(self, gpu: int, xid: int) -> int:
+        """Queue an XID critical-error event on ``gpu``; returns its sequence
+        number. Each event set receives it once."""
+        seq = self.next_xid_seq
+        self.next_xid_seq += 1
+        self.gpus[gpu].xids.append((seq, int(xid)))
+        return seq
+
+    # -- serialization ---------------------------------------------------------
+
+    def render(self) -> str:
+        """The state file text."""
+        if len(self.gpus) > MAX_GPUS:
+            raise ValueError(f"the fake supports at most {MAX_GPUS} GPUs")
+        if sum(len(g.xids) for g in self.gpus) > MAX_XIDS:
+            raise ValueError(f"at most {MAX_XIDS} queued XIDs")
+        L = [
+            "# fake NVML state (tests/fakenvml); format: see fake_nvml.c",
+            f"init_error {int(self.init_error)}",
+            f"driver_version {self.driver_version}",
+            f"nvml_version {self.nvml_version}",
+            f"cuda_version {int(self.cuda_version)}",
+        ]
+        if self.cuda_version_v2 is not None:
+            L.append(f"cuda_version_v2 {int(self.cuda_version_v2)}")
+        L.append(f"gpu_count {len(self.gpus) if self.gpu_count is None else int(self.gpu_count)}")
+        if self.fieldvalues_all_failed is not None:
+            L.append(f"fieldvalues_all_failed {int(self.fieldvalues_all_failed)}")
+        if self.xid_after_register:
+            L.append("xid_after_register 1")
+        for sym in sorted(self.unsupported):
+            L.append(f"unsupported {_check_symbol(sym)}")
+        for sym, code in sorted(self.errors.items()):
+            L.append(f"error {_check_symbol(sym)} {int(code)}")
+        for sym, ms in sorted(self.blocks.items()):
+            L.append(f"block {_check_symbol(sym)} {int(ms)}")
+        for i, g in enumerate(self.gpus):
+            L.extend(g.lines(i))
+        return "\n".join(L) + "\n"
+
+    def write(self, path: os.PathLike | str) -> pathlib.Path:
+        """Write the state file atomically (temp file in the same directory +
+        rename), so a running process never sees a half-written file."""
+        path = pathlib.Path(path)
+        text = self.render()
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return path
+
+
+# ---------------------------------------------------------------------------
+# Convenience bundle
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class FakeNvmlEnv:
+    """Paths + environment for one fake-NVML setup (see :func:`prepare`)."""
+
+    lib_dir: pathlib.Path
+    state_path: pathlib.Path
+    counts_path: pathlib.Path | None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return env(self.lib_dir, self.state_path, self.counts_path)
+
+    def write(self, node: FakeNode) -> pathlib.Path:
+        return node.write(self.state_path)
+
+    def counts(self) -> dict[str, int]:
+        return read_counts(self.counts_path) if self.counts_path else {}
+
+
+def prepare(
+    workdir: os.PathLike | str,
+    node: FakeNode | None = None,
+    old_driver: bool = False,
+    counts: bool = True,
+) -> FakeNvmlEnv:
+    """Build the library, write ``node`` (if given) to ``workdir/nvml_state``
+    and return a :class:`FakeNvmlEnv` (counts in ``workdir/nvml_counts``)."""
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    fx = FakeNvmlEnv(
+        lib_dir=build(old_driver),
+        state_path=workdir / "nvml_state",
+        counts_path=(workdir / "nvml_counts") if counts else None,
+    )
+    if node is not None:
+        fx.write(node)
+    return fx
+
+
+# ---------------------------------------------------------------------------
+# Profiles (values from /work/shared/captures, idle)
+# ---------------------------------------------------------------------------
+
+# Realistic PCI buses of an 8-GPU HGX board; GPU i uses bus _BUSES[i % 8] in domain i // 8.
+_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+_ZERO_THROTTLE = {fid: 0 for fid in (74, 75, 76, 77, 78, 79, 269, 270, 271)}
+
+
+def _identity(profile: str, index: int) -> dict:
+    h = hashlib.sha256(f"fakenvml/{profile}/{index}".encode()).hexdigest()
+    return dict(
+        uuid=f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}",
+        pci_bus_id=f"{index // len(_BUSES):08X}:{_BUSES[index % len(_BUSES)]:02X}:00.0",
+        serial=f"{int(h[32:44], 16) % 10**13:013d}",
+        minor=index,
+    )
+
+
+def _h200(index: int) -> FakeGpu:
+    return FakeGpu(
+        **_identity("h200", index),
+        name="NVIDIA H200",
+        vbios="96.00.A5.00.03",
+        architecture=9,
+        brand=14,
+        persistence=1,
+        pci_device_id=0x233510DE,
+        pci_subsystem_id=0x18BE10DE,
+        cuda_cc=(9, 0),
+        temperature=28,
+        margin_temperature=59,
+        memory_temperature=32,
+        thresholds={},  # absolute thresholds: NOT_SUPPORTED, use T.Limit fields
+        tlimit_thresholds=(-8, -2, 0, 0),
+        power_mw=77_670,
+        energy_mj=91_234_567,
+        power_limit_mw=700_000,
+        enforced_power_limit_mw=700_000,
+        default_power_limit_mw=700_000,
+        power_limit_constraints_mw=(200_000, 700_000),
+        pstate=0,
+        utilization=(0, 0),
+        memory_total=143_771 * MIB,
+        memory_reserved=614 * MIB,
+        memory_used=0,
+        clocks=[345, 345, 3201, 765],
+        max_clocks=[1980, 1980, 3201, 1545],
+        clocks_event_reasons=0x1,
+        supported_clocks_event_reasons=0x1FF,
+        pcie_gen=5,
+        pcie_width=16,
+        pcie_max_gen=5,
+        pcie_max_width=16,
+        pcie_replay=0,
+        ecc_mode=(1, 1),
+        ecc_errors={(0, 0): 0, (1, 0): 0, (0, 1): 0, (1, 1): 0},
+        remapped_rows=(0, 0, 0, 0),
+        retired_pages_pending=None,
+        throttle_ns=dict(_ZERO_THROTTLE),
+        supported_event_types=EVENT_SBE | EVENT_DBE | EVENT_PSTATE | EVENT_XID | EVENT_MIG_CONFIG,
+    )
+
+
+def _h100(index: int) -> FakeGpu:
+    g = _h200(index)
+    g.__dict__.update(_identity("h100", index))
+    g.name = "NVIDIA H100 80GB HBM3"
+    g.vbios = "96.00.A5.00.01"
+    g.pci_device_id = 0x233010DE
+    g.pci_subsystem_id = 0x16C110DE
+    g.temperature, g.margin_temperature, g.memory_temperature = 41, 46, 48
+    g.power_mw = 69_850
+    g.memory_total, g.memory_reserved = 81_559 * MIB, 479 * MIB
+    g.clocks = [345, 345, 2619, 765]
+    g.max_clocks = [1980, 1980, 2619, 1545]
+    g.pcie_replay = 9
+    return g
+
+
+def _l40s(index: int) -> FakeGpu:
+    return FakeGpu(
+        **_identity("l40s", index),
+        name="NVIDIA L40S",
+        vbios="95.02.66.00.02",
+        architecture=8,
+        brand=14,
+        persistence=1,
+        pci_device_id=0x26B910DE,
+        pci_subsystem_id=0x185110DE,
+        cuda_cc=(8, 9),
+        temperature=64,
+        margin_temperature=24,
+        memory_temperature=None,  # GDDR
+        thresholds={},
+        tlimit_thresholds=(-5, -2, None, 0),
+        power_mw=144_970,
+        energy_mj=48_000_000,
+        power_limit_mw=350_000,
+        enforced_power_limit_mw=350_000,
+        default_power_limit_mw=350_000,
+        power_limit_constraints_mw=(100_000, 350_000),
+        pstate=0,
+        utilization=(0, 0),
+        memory_total=46_068 * MIB,
+        memory_reserved=609 * MIB,
+        memory_used=0,
+        clocks=[2520, 2520, 9001, 1965],
+        max_clocks=[2520, 2520, 9001, 1965],
+        clocks_event_reasons=0x0,
+        supported_clocks_event_reasons=0x1FF,
+        pcie_gen=4,
+        pcie_width=16,
+        pcie_max_gen=4,
+        pcie_max_width=16,
+        pcie_replay=0,
+        ecc_mode=(1, 1),
+        ecc_errors={(0, 0): 0, (1, 0): 0, (0, 1): 0, (1, 1): 0},
+        remapped_rows=(0, 0, 0, 0),
+        retired_pages_pending=None,
+        throttle_ns=dict(_ZERO_THROTTLE),
+        supported_event_types=EVENT_SBE | EVENT_DBE | EVENT_PSTATE | EVENT_XID,
+    )
+
+
+def _rtx4080s(index: int) -> FakeGpu:
+    return FakeGpu(
+        **_identity("rtx", index),
+        name="NVIDIA GeForce RTX 4080 SUPER",
+        vbios="95.03.44.00.B2",
+        architecture=8,
+        brand=5,
+        persistence=0,
+        pci_device_id=0x270210DE,
+        pci_subsystem_id=0x51101462,
+        cuda_cc=(8, 9),
+        temperature=43,
+        margin_temperature=None,
+        memory_temperature=None,
+        thresholds={0: 101, 1: 96, 3: 90, 5: 84},  # shutdown, slowdown, gpu max, acoustic (target)
+        tlimit_thresholds=None,
+        fan_speeds=[38, 38],
+        fan_targets=[38, 38],
+        fan_rpms=[1500, 1530],
+        power_mw=26_200,
+        energy_mj=12_345_678,
+        power_limit_mw=320_000,
+        enforced_power_limit_mw=320_000,
+        default_power_limit_mw=320_000,
+        power_limit_constraints_mw=(150_000, 400_000),
+        pstate=8,
+        utilization=(0, 23),
+        memory_total=16_376 * MIB,
+        memory_reserved=434 * MIB,
+        memory_used=596 * MIB,
+        clocks=[210, 210, 405, 1185],
+        max_clocks=[3165, 3165, 11501, 2415],
+        clocks_event_reasons=0x1,
+        supported_clocks_event_reasons=0x1FF,
+        pcie_gen=1,
+        pcie_width=16,
+        pcie_max_gen=4,
+        pcie_max_width=16,
+        pcie_replay=0,
+        ecc_mode=None,
+        ecc_errors=None,
+        remapped_rows=None,
+        retired_pages_pending=None,
+        throttle_ns=dict(_ZERO_THROTTLE),
+        supported_event_types=EVENT_PSTATE | EVENT_XID,
+    )
+
+
+def _rtx2080s(index: int) -> FakeGpu:
+    g = _rtx4080s(index)
+    g.__dict__.update(_identity("rtx2080s", index))
+    g.name = "NVIDIA GeForce RTX 2080 SUPER"
+    g.vbios = "90.04.7A.40.73"
+    g.architecture = 6
+    g.pci_device_id, g.pci_subsystem_id = 0x1E8110DE, 0x40051458
+    g.cuda_cc = (7, 5)
+    g.temperature = 40
+    g.thresholds = {0: 100, 1: 97, 3: 89, 5: 84}
+    g.power_mw = 37_620
+    g.power_limit_mw = g.enforced_power_limit_mw = g.default_power_limit_mw = 250_000
+    g.power_limit_constraints_mw = (105_000, 350_000)
+    g.utilization = (0, 9)
+    g.memory_total, g.memory_reserved, g.memory_used = 8192 * MIB, 408 * MIB, 214 * MIB
+    g.clocks = [300, 300, 405, 540]
+    g.max_clocks = [2145, 2145, 7751, 1995]
+    g.pcie_max_gen = 3
+    return g
+
+
+PROFILES = {
+    "h200": _h200,
+    "h100": _h100,
+    "l40s": _l40s,
+    "rtx": _rtx4080s,
+    "rtx4080s": _rtx4080s,
+    "rtx2080s": _rtx2080s,
+}
+
+
+def make_gpu(profile: str, index: int = 0) -> FakeGpu:
+    """A fresh FakeGpu of ``profile`` (a :data:`PROFILES` key) with identity
+    (UUID, PCI bus id, serial, minor) unique to ``index``."""
+    try:
+        factory = PROFILES[profile]
+    except KeyError:
+        raise ValueError(f"unknown profile {profile!r}; known: {sorted(PROFILES)}") from None
+    return factory(index)

@@ -1,0 +1,197 @@
+"""The real gpuwatch process over the real pynvml binding and a fake libnvidia-ml.so.1.
+
+Each test writes the fake node's state file, starts `gpuwatch run`, and rewrites the state
+while it runs to inject faults.
+"""
+
+import pytest
+
+import fakenvml
+from daemon import Daemon, fake_env, wait_for
+
+
+@pytest.fixture()
+def start(tmp_path):
+    daemons = []
+
+    def start(node, old_driver=False, args=None):
+        fx = fakenvml.prepare(tmp_path, node, old_driver=old_driver)
+        daemon = Daemon(tmp_path, fake_env(fx), args)
+        daemon.fx = fx
+        daemons.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in daemons:
+        daemon.stop()
+
+
+def labels(node, i, **extra):
+    return dict(gpu=str(i), uuid=node.gpus[i].uuid, **extra)
+
+
+def test_healthy_h200_node(start):
+    """8 fanless H200s: readings in base units, fans absent and marked unsupported, T.Limit thresholds."""
+    node = fakenvml.FakeNode.h200(8)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    m = d.metrics()
+    g0 = node.gpus[0]
+    assert m[("gpuwatch_backend_up", (("backend", "nvml"),))] == 1
+    assert m[("gpuwatch_gpus", ())] == 8
+    assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="gpu")) == g0.temperature
+    assert d.value("gpuwatch_temperature_margin_celsius", **labels(node, 0)) == g0.margin_temperature
+    assert d.value("gpuwatch_power_watts", **labels(node, 3)) == node.gpus[3].power_mw / 1000
+    assert d.value("gpuwatch_memory_total_bytes", **labels(node, 0)) == g0.memory_total
+    assert d.value("gpuwatch_memory_reserved_bytes", **labels(node, 0)) == g0.memory_reserved
+    assert d.value("gpuwatch_temperature_margin_threshold_celsius", **labels(node, 0, threshold="slowdown")) == -2
+    assert d.value("gpuwatch_temperature_threshold_celsius", **labels(node, 0, threshold="slowdown")) == \
+        g0.temperature + g0.margin_temperature + 2
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="fan")) == 0
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="memory_temperature")) == 1
+    assert not [k for k in m if k[0].startswith("gpuwatch_fan_")]
+    info = [dict(k[1]) for k in m if k[0] == "gpuwatch_gpu_info"]
+    assert sorted(i["uuid"] for i in info) == sorted(g.uuid for g in node.gpus)
+    assert {i["architecture"] for i in info} == {"hopper"}
+    # NOT_SUPPORTED was probed once and never polled again
+    counts = d.fx.counts()
+    polls = counts["nvmlDeviceGetPowerUsage"] // 8
+    assert polls >= 3
+    assert counts["nvmlDeviceGetNumFans"] == 8
+    assert counts.get("nvmlDeviceGetFanSpeed_v2", 0) == 0
+
+
+def test_consumer_card_with_two_fans(start):
+    node = fakenvml.FakeNode.rtx(1)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    g = node.gpus[0]
+    for i, (speed, target, rpm) in enumerate(zip(g.fan_speeds, g.fan_targets, g.fan_rpms)):
+        assert d.value("gpuwatch_fan_speed_ratio", **labels(node, 0, fan=str(i))) == speed / 100
+        assert d.value("gpuwatch_fan_target_speed_ratio", **labels(node, 0, fan=str(i))) == target / 100
+        assert d.value("gpuwatch_fan_speed_rpm", **labels(node, 0, fan=str(i))) == rpm
+    assert d.value("gpuwatch_temperature_threshold_celsius", **labels(node, 0, threshold="slowdown")) == 96
+    assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="memory")) is None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="memory_temperature")) == 0
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="ecc")) == 0
+
+
+def test_one_gpu_lost_and_back(start):
+    node = fakenvml.FakeNode.h200(4)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    node.gpus[2].lost = True
+    d.fx.write(node)
+    d.wait_value("gpuwatch_gpu_up", 0, **labels(node, 2))
+    assert d.value("gpuwatch_gpu_up", **labels(node, 1)) == 1
+    assert d.value("gpuwatch_temperature_celsius", **labels(node, 2, sensor="gpu")) is None
+    assert d.value("gpuwatch_temperature_celsius", **labels(node, 3, sensor="gpu")) == node.gpus[3].temperature
+    assert d.value("gpuwatch_poll_success", tier="fast") == 0
+    wait_for(lambda: (d.value("gpuwatch_poll_errors_total", tier="fast", error="gpu_is_lost") or 0) >= 2)
+    lost_events = [e for e in d.events() if e["event"] == "gpu_lost"]
+    assert len(lost_events) == 1 and lost_events[0]["uuid"] == node.gpus[2].uuid and lost_events[0]["gpu"] == "2"
+    node.gpus[2].lost = False
+    d.fx.write(node)
+    d.wait_value("gpuwatch_gpu_up", 1, **labels(node, 2))
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+
+
+def test_driver_not_loaded_then_mismatch_then_recovery(start):
+    """The process keeps serving through init failures, logs each cause once, recovers by itself."""
+    node = fakenvml.FakeNode.h200(2)
+    node.init_error = 9  # DRIVER_NOT_LOADED
+    d = start(node)
+    status, body = d.get("/metrics")
+    assert status == 200 and 'gpuwatch_backend_up{backend="nvml"} 0.0' in body
+    status, body = d.get("/healthz")
+    assert status == 503 and "Driver Not Loaded" in body
+    wait_for(lambda: [e for e in d.events() if e.get("reason") == "driver_not_loaded"])
+    node.init_error = 18  # LIB_RM_VERSION_MISMATCH: driver upgraded without reboot
+    d.fx.write(node)
+    wait_for(lambda: [e for e in d.events() if e.get("reason") == "driver_version_mismatch"])
+    assert d.value("gpuwatch_backend_up", backend="nvml") == 0
+    assert d.value("gpuwatch_driver_info", driver_version="590.48.01", nvml_version="13.590.48.01",
+                   cuda_driver_version="13.1") is None
+    node.init_error = 0
+    d.fx.write(node)
+    d.wait_value("gpuwatch_backend_up", 1, backend="nvml", timeout=30)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    assert d.get("/healthz")[0] == 200
+    down = [e for e in d.events() if e["event"] == "backend_down"]
+    assert [e["reason"] for e in down] == ["driver_not_loaded", "driver_version_mismatch"]
+    assert all(e["hint"] for e in down)
+    assert [e["event"] for e in d.events()].count("backend_recovered") == 1
+    assert d.proc.poll() is None
+
+
+def test_blocked_call_makes_data_stale_not_the_endpoint(start):
+    """An NVML call that does not return: /metrics keeps answering, poll_success 0, readings dropped."""
+    node = fakenvml.FakeNode.h200(2)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    node.block("nvmlDeviceGetPowerUsage", None, gpu=1)  # blocks until the line is removed
+    d.fx.write(node)
+    d.wait_value("gpuwatch_temperature_celsius", None, **labels(node, 0, sensor="gpu"))
+    assert d.value("gpuwatch_poll_success", tier="fast") == 0
+    status, body = d.get("/healthz", timeout=2)
+    assert status == 503 and "last fast poll completed" in body
+    wait_for(lambda: [e for e in d.events() if e["event"] == "poll_overrun" and e["tier"] == "fast"])
+    assert len([e for e in d.events() if e["event"] == "poll_overrun" and e["tier"] == "fast"]) == 1
+    calls_while_blocked = d.fx.counts()["nvmlDeviceGetPowerUsage"]
+    node.unblock("nvmlDeviceGetPowerUsage", gpu=1)
+    d.fx.write(node)
+    d.wait_value("gpuwatch_temperature_celsius", node.gpus[0].temperature, **labels(node, 0, sensor="gpu"))
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    assert d.fx.counts()["nvmlDeviceGetPowerUsage"] > calls_while_blocked
+
+
+def test_old_driver_falls_back_to_older_apis(start):
+    node = fakenvml.FakeNode.h200(1)
+    d = start(node, old_driver=True)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    g = node.gpus[0]
+    assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="gpu")) == g.temperature
+    assert d.value("gpuwatch_temperature_margin_celsius", **labels(node, 0)) is None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="temperature_margin")) == 0
+    assert d.value("gpuwatch_memory_used_bytes", **labels(node, 0)) is not None
+    assert d.value("gpuwatch_memory_reserved_bytes", **labels(node, 0)) is None
+    assert d.value("gpuwatch_clocks_event_active", **labels(node, 0, reason="gpu_idle")) is not None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="clocks_event_reasons")) == 1
+    counts = d.fx.counts()
+    assert counts["nvmlDeviceGetTemperature"] > 1
+    assert counts["nvmlDeviceGetCurrentClocksThrottleReasons"] > 1
+    assert d.value("gpuwatch_poll_errors_total", tier="fast", error="function_not_found") is None
+
+
+def test_not_supported_single_readings_are_absent(start):
+    node = fakenvml.FakeNode.h200(2)
+    node.gpus[1].set_error("nvmlDeviceGetPowerUsage", 3)
+    node.gpus[1].set_field_error(82, 3)  # memory temperature
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    assert d.value("gpuwatch_power_watts", **labels(node, 1)) is None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="power")) == 0
+    assert d.value("gpuwatch_temperature_celsius", **labels(node, 1, sensor="memory")) is None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="memory_temperature")) == 0
+    assert d.value("gpuwatch_power_watts", **labels(node, 0)) == node.gpus[0].power_mw / 1000
+    # a reading that fails with another error later is counted, not marked unsupported
+    node.gpus[0].set_error("nvmlDeviceGetUtilizationRates", 999)
+    d.fx.write(node)
+    wait_for(lambda: d.value("gpuwatch_poll_errors_total", tier="fast", error="unknown"))
+    assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="utilization")) == 1
+
+
+def test_xid_event_becomes_a_counter(start):
+    node = fakenvml.FakeNode.h200(2)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    assert d.value("gpuwatch_xid_errors_total", **labels(node, 1, xid="79")) == 0
+    node.add_xid(gpu=1, xid=79)
+    d.fx.write(node)
+    d.wait_value("gpuwatch_xid_errors_total", 1, **labels(node, 1, xid="79"))
+    assert d.value("gpuwatch_xid_last_timestamp_seconds", **labels(node, 1, xid="79")) > 1.7e9
+    assert d.value("gpuwatch_xid_errors_total", **labels(node, 0, xid="79")) == 0
+    events = [e for e in d.events() if e["event"] == "xid_event"]
+    assert len(events) == 1 and events[0]["xid"] == 79 and events[0]["gpu"] == "1"
