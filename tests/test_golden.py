@@ -1,0 +1,72 @@
+"""Golden exposition: the real `gpuwatch` process over fixture GPUs, diffed against a checked-in file.
+
+Every change to the exposition shows up as a reviewable diff of tests/golden/*.prom. Regenerate with
+GPUWATCH_UPDATE_GOLDEN=1 scripts/test tests/test_golden.py
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import fakenvml
+from daemon import Daemon, fake_env
+
+GOLDEN = Path(__file__).parent / "golden"
+# Samples whose values differ from run to run; their HELP/TYPE lines stay in the file.
+VOLATILE = re.compile(r"^(process_\w+|gpuwatch_build_info|gpuwatch_poll_duration_seconds|"
+                      r"gpuwatch_last_poll_timestamp_seconds)(\{| )")
+
+
+def stable(exposition: str) -> str:
+    return "".join(line + "\n" for line in exposition.splitlines() if not VOLATILE.match(line))
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("GPUWATCH_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    expected = path.read_text()
+    assert text == expected, f"exposition differs from {path}; regenerate with GPUWATCH_UPDATE_GOLDEN=1 if intended"
+
+
+def promtool_check(text: str) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing: scripts/test installs it (Debian package prometheus)")
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture()
+def fixture_node_daemon(tmp_path):
+    node = fakenvml.FakeNode.from_profiles(["h200", "h200", "rtx"])
+    fx = fakenvml.prepare(tmp_path, node)
+    daemon = Daemon(tmp_path, fake_env(fx))
+    yield daemon
+    daemon.stop()
+
+
+def test_golden_exposition_over_the_fake_library(fixture_node_daemon):
+    d = fixture_node_daemon
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    status, body = d.get("/metrics")
+    assert status == 200
+    promtool_check(body)
+    check_golden("nvml-fixture.prom", stable(body))
+
+
+def test_once_prints_the_same_exposition(tmp_path):
+    """`gpuwatch once` gives the daemon's exposition on stdout, for cron and the textfile collector."""
+    node = fakenvml.FakeNode.from_profiles(["h200", "h200", "rtx"])
+    fx = fakenvml.prepare(tmp_path, node)
+    result = subprocess.run([os.sys.executable, "-m", "gpuwatch", "once", "--log.format", "json"],
+                            env=fake_env(fx), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    promtool_check(result.stdout)
+    # once runs no second poll, so poll_success is the only difference allowed: none here
+    check_golden("nvml-fixture.prom", stable(result.stdout))
