@@ -44,6 +44,9 @@ class Config:
     sim_gpus: int = 8
     sim_profile: str = "rtx6000"
     sim_faults: bool = False  # run the scripted fault tour (always on for `gpuwatch demo`)
+    rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
+    rules_window: float = 900.0  # seconds of history the rules may look back
+    rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # YAML `rules:` per-rule settings
 
     def staleness(self, tier: str) -> float:
         """Readings of ``tier`` older than this are not exported."""
@@ -147,7 +150,7 @@ def _addresses(value: Any) -> tuple[str, ...]:
 
 def _path(value: Any) -> str:
     text = str(value)
-    if not text.startswith("/") or text in ("/", "/healthz") or any(c.isspace() for c in text):
+    if not text.startswith("/") or text in ("/", "/healthz", "/api/v1/status") or any(c.isspace() for c in text):
         raise ConfigError(
             f"web.telemetry-path: {value!r} must start with '/' and not be '/' or '/healthz' (e.g. /metrics)"
         )
@@ -193,6 +196,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("sim.profile", "sim_profile", _choice("sim.profile", SIM_PROFILES),
            "simulated backend: rtx6000 (fans) or h200 (fanless) (default rtx6000)"),
     Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
+    Option("rules.expected-gpus", "rules_expected_gpus", _int("rules.expected-gpus", 0, 4096),
+           "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),
+    Option("rules.window", "rules_window", _float("rules.window"),
+           "seconds of history the anomaly rules look back (default 900)"),
 )
 _BY_FIELD = {o.field: o for o in OPTIONS}
 
@@ -238,6 +245,9 @@ def _flatten_yaml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
             here = trail + (str(key),)
             if here in by_path:
                 result[by_path[here].field] = value
+            elif trail == ("rules",):
+                # per-rule settings; the rule engine validates them (ids, thresholds) at start
+                result.setdefault("rules", {})[str(key)] = value
             elif here in prefixes and isinstance(value, dict):
                 walk(value, here)
             else:
@@ -267,6 +277,9 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
     raw.update(overrides or {})
     values: dict[str, Any] = {}
     for name, value in raw.items():
+        if name == "rules":
+            values[name] = value
+            continue
         option = _BY_FIELD[name]
         values[name] = None if value is None else option.parse(value)
     config = Config(**values)

@@ -221,3 +221,33 @@ class NodeSnapshot:
     visible_gpus: int
     taken_monotonic: float
     taken_wall: float
+    anomalies: tuple["Anomaly", ...] = ()
+
+
+SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a rule sees at one instant: is its condition true, on what value against what threshold."""
+
+    active: bool
+    value: float | None = None
+    threshold: float | None = None
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """The engine's state for one (rule, GPU) pair, or (rule, node) when ``uuid`` is None."""
+
+    rule: str
+    severity: str
+    uuid: str | None = None
+    gpu: str | None = None  # NVML index as a string
+    firing: bool = False
+    since_wall: float | None = None  # when the current episode started firing
+    onsets: int = 0
+    value: float | None = None
+    threshold: float | None = None
+    summary: str = ""

@@ -24,7 +24,6 @@ from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.logs import get_logger
-from gpuwatch.model import NodeSnapshot
 from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
@@ -39,14 +38,14 @@ class Poller:
         clock: Clock,
         fast_interval: float = 2.0,
         slow_interval: float = 30.0,
-        on_fast_poll: Callable[[NodeSnapshot], None] | None = None,
+        evaluate: Callable[[], None] | None = None,
     ) -> None:
         self._backend = backend
         self._store = store
         self._clock = clock
         self._fast_interval = fast_interval
         self._slow_interval = slow_interval
-        self._on_fast_poll = on_fast_poll
+        self._evaluate = evaluate
         self._log = get_logger(component="poller", backend=backend.name)
         self._lifecycle = threading.Lock()
         self._up = False
@@ -120,8 +119,16 @@ class Poller:
     # -- polls -------------------------------------------------------------------------------
     def poll_fast(self) -> None:
         self._poll("fast")
-        if self._on_fast_poll is not None:
-            self._on_fast_poll(self._store.snapshot())
+        self.evaluate()
+
+    def evaluate(self) -> None:
+        """Run the rules: after every fast poll, and on their own timer so that they run while a poll hangs."""
+        if self._evaluate is None:
+            return
+        try:
+            self._evaluate()
+        except Exception as exc:  # a broken rule must not stop polling
+            self._log.error("rules_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def poll_slow(self) -> None:
         self._poll("slow")
@@ -199,6 +206,8 @@ class Poller:
     # -- scheduling ----------------------------------------------------------------------------
     def _on_max_instances(self, event: JobExecutionEvent) -> None:
         tier = event.job_id
+        if tier not in ("fast", "slow"):
+            return
         self._store.poll_overrun(tier)
         if tier not in self._overrun_logged:
             self._overrun_logged.add(tier)
@@ -217,6 +226,8 @@ class Poller:
         scheduler.add_job(self.poll_fast, "interval", seconds=self._fast_interval, id="fast",
                           next_run_time=_now())
         scheduler.add_job(self.poll_slow, "interval", seconds=self._slow_interval, id="slow")
+        if self._evaluate is not None:
+            scheduler.add_job(self.evaluate, "interval", seconds=self._fast_interval, id="rules")
         scheduler.start()
         self._scheduler = scheduler
         self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from gpuwatch.clock import Clock
 from gpuwatch.model import (
+    Anomaly,
     DiscoveredGpu,
     DriverInfo,
     FastSample,
@@ -40,6 +41,7 @@ class Store:
         self._errors: dict[str, Counter[str]] = {t: Counter() for t in TIERS}
         self._generation = 0
         self._snapshot: NodeSnapshot | None = None
+        self._anomalies: tuple[Anomaly, ...] = ()
 
     # -- writers -----------------------------------------------------------------------------
     def _changed(self) -> None:
@@ -117,6 +119,13 @@ class Store:
             self._gpus[event.uuid] = dataclasses.replace(state, xid_counts=counts, xid_last_timestamp=last)
             self._changed()
 
+    def set_anomalies(self, anomalies: tuple[Anomaly, ...]) -> None:
+        """The rule engine's latest verdicts (every evaluated rule and GPU, firing or not)."""
+        with self._lock:
+            if anomalies != self._anomalies:
+                self._anomalies = anomalies
+                self._changed()
+
     def poll_started(self, tier: str) -> None:
         with self._lock:
             self._tiers[tier] = dataclasses.replace(
@@ -167,5 +176,6 @@ class Store:
                     visible_gpus=self._visible,
                     taken_monotonic=self._clock.monotonic(),
                     taken_wall=self._clock.wall(),
+                    anomalies=self._anomalies,
                 )
             return self._snapshot

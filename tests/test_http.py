@@ -19,7 +19,7 @@ def node():
     backend = ScriptedBackend(2)
     store = Store(clock, backend.name)
     poller = Poller(backend, store, clock)
-    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", 6.0)
+    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", lambda tier: 6.0 if tier == "fast" else 90.0)
     servers = HttpServers(["127.0.0.1:0"], app)
     servers.start()
     host, port = servers.servers[0].server_address[:2]
@@ -75,7 +75,7 @@ def test_landing_page_404_and_405(node):
 def test_port_in_use_raises_oserror():
     clock = FakeClock()
     store = Store(clock, "scripted")
-    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", 6.0)
+    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", lambda tier: 6.0 if tier == "fast" else 90.0)
     first = HttpServers(["127.0.0.1:0"], app)
     port = first.servers[0].server_address[1]
     try:

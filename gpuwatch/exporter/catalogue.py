@@ -104,6 +104,15 @@ _SPECS = (
          "Idle GPUs downshift on purpose."),
     Spec("gpuwatch_pcie_link_width", "gauge", G + ("link",), "PCIe link width in lanes, current or max ('Link Width')."),
     Spec("gpuwatch_pcie_replays_total", "counter", G, "PCIe replay counter (field NVML_FI_DEV_PCIE_REPLAY_COUNTER; 'Replays Since Reset')."),
+    # anomalies (rule evaluators, docs/rules.md)
+    Spec("gpuwatch_anomaly", "gauge", G + ("rule", "severity"),
+         "1 while the rule fires on the GPU, 0 while it is evaluated and quiet; one series per GPU and enabled "
+         "rule that applies to it (see docs/rules.md)."),
+    Spec("gpuwatch_anomaly_onsets_total", "counter", G + ("rule",), "Number of times the rule started firing on the GPU."),
+    Spec("gpuwatch_anomaly_since_timestamp_seconds", "gauge", G + ("rule",),
+         "Unix time the current episode of the rule began firing; only while firing."),
+    Spec("gpuwatch_node_anomaly", "gauge", ("rule", "severity"),
+         "1 while the node-level rule fires (backend_down, collection_stalled, gpu_missing), else 0."),
     # the exporter itself
     Spec("gpuwatch_poll_success", "gauge", ("tier",),
          "1 if the last poll of the tier completed for every visible GPU and is not older than the staleness bound."),

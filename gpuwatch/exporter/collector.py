@@ -96,6 +96,15 @@ def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], bu
     fast_bound, slow_bound = staleness("fast"), staleness("slow")
     for gpu in snap.gpus:
         _render_gpu(out, gpu, now, fast_bound, slow_bound)
+    for anomaly in snap.anomalies:
+        if anomaly.uuid is None:
+            out.add("gpuwatch_node_anomaly", (anomaly.rule, anomaly.severity), anomaly.firing)
+            continue
+        g = (anomaly.gpu or "", anomaly.uuid)
+        out.add("gpuwatch_anomaly", g + (anomaly.rule, anomaly.severity), anomaly.firing)
+        out.add("gpuwatch_anomaly_onsets_total", g + (anomaly.rule,), anomaly.onsets)
+        if anomaly.firing:
+            out.add("gpuwatch_anomaly_since_timestamp_seconds", g + (anomaly.rule,), anomaly.since_wall)
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import html
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -22,8 +23,10 @@ from gpuwatch import __version__
 from gpuwatch.config import parse_listen_address
 from gpuwatch.exporter.collector import tier_fresh
 from gpuwatch.model import NodeSnapshot
+from gpuwatch.status import status_document
 
 StartResponse = Callable[..., Any]
+STATUS_PATH = "/api/v1/status"
 
 
 def health(snap: NodeSnapshot, now: float, fast_bound: float) -> tuple[bool, str]:
@@ -46,7 +49,8 @@ LANDING = """<!DOCTYPE html>
 <body><h1>gpuwatch {version}</h1>
 <p>NVIDIA GPU node monitor.</p>
 <ul><li><a href="{path}">{path}</a> Prometheus metrics</li>
-<li><a href="/healthz">/healthz</a> health of the collection</li></ul>
+<li><a href="/healthz">/healthz</a> health of the collection</li>
+<li><a href="/api/v1/status">/api/v1/status</a> current anomalies and per-GPU state (JSON)</li></ul>
 </body></html>
 """
 
@@ -55,12 +59,13 @@ class App:
     """The WSGI application."""
 
     def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], NodeSnapshot],
-                 monotonic: Callable[[], float], telemetry_path: str, fast_bound: float) -> None:
+                 monotonic: Callable[[], float], telemetry_path: str, staleness: Callable[[str], float]) -> None:
         self._registry = registry
         self._snapshot = snapshot
         self._monotonic = monotonic
         self._path = telemetry_path
-        self._fast_bound = fast_bound
+        self._staleness = staleness
+        self._fast_bound = staleness("fast")
         self._landing = LANDING.format(version=__version__, path=html.escape(telemetry_path)).encode()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -75,6 +80,10 @@ class App:
             ok, reason = health(self._snapshot(), self._monotonic(), self._fast_bound)
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n",
                           head=method == "HEAD")
+        if path == STATUS_PATH:
+            document = status_document(self._snapshot(), self._monotonic(), self._staleness)
+            body = json.dumps(document, separators=(",", ":")).encode()
+            return _reply(start_response, "200 OK", body, "application/json", head=method == "HEAD")
         if path == "/":
             return _reply(start_response, "200 OK", self._landing, "text/html; charset=utf-8", head=method == "HEAD")
         return _reply(start_response, "404 Not Found", f"not found; metrics are at {self._path}\n".encode(),

@@ -1,0 +1,15 @@
+"""Anomaly rules: one module per family, each a tuple RULES of pure Rule definitions."""
+
+from __future__ import annotations
+
+from gpuwatch.rules.base import Rule
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """Every shipped rule, in documentation order (rule ids are unique)."""
+    from gpuwatch.rules import fan, health, node, thermal, throttle
+
+    rules = fan.RULES + thermal.RULES + throttle.RULES + health.RULES + node.RULES
+    ids = [rule.id for rule in rules]
+    assert len(ids) == len(set(ids)), "duplicate rule id"
+    return rules

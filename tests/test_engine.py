@@ -1,0 +1,116 @@
+"""The rule engine's state machine: hold before firing, clear before resolving, one event per transition."""
+
+import json
+
+import pytest
+
+from gpuwatch.errors import ConfigError
+from gpuwatch.model import DiscoveredGpu, Observation
+from gpuwatch.rules.base import Rule, needs
+from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.store import Store
+from gpuwatch.testing import FakeClock, H200_FEATURES, fast_sample, identity
+
+HOT = 80.0
+
+
+def too_hot(window, uuid, config):
+    sample = window.fast(uuid)
+    if sample is None:
+        return None
+    t = sample.temperature_celsius
+    return Observation(t >= config["limit"], t, config["limit"], f"GPU at {t:.0f} C")
+
+
+RULES = (
+    Rule("too_hot", "gpu", "critical", hold_seconds=6, clear_seconds=4, condition="temperature >= limit",
+         evaluate=too_hot, params={"limit": HOT}),
+    Rule("fan_thing", "gpu", "warning", 0, 0, "needs a fan", evaluate=lambda w, u, c: Observation(True),
+         applies=needs("fan")),
+)
+
+
+class Node:
+    def __init__(self, rules=RULES, raw=None):
+        self.clock = FakeClock()
+        self.store = Store(self.clock, "scripted")
+        self.gpu = DiscoveredGpu(identity(0), H200_FEATURES)
+        self.store.set_gpus([self.gpu])
+        self.store.set_backend(True)
+        self.engine = Engine(rules, build_configs(rules, raw), fast_staleness=6)
+
+    def poll(self, temperature):
+        self.clock.advance(2)
+        self.store.put_fast(self.gpu.identity.uuid, fast_sample(temperature_celsius=temperature))
+        return {a.rule: a for a in self.engine.evaluate(self.store.snapshot())}
+
+
+def events(capsys):
+    return [json.loads(l) for l in capsys.readouterr().err.splitlines() if l.startswith("{")]
+
+
+def test_fires_after_hold_and_resolves_after_clear(capsys):
+    node = Node()
+    states = [node.poll(t)["too_hot"].firing for t in (50, 85, 85, 85, 85, 50, 50, 50)]
+    # condition true from poll 2 (t=4); hold 6 s -> firing at t=10 (poll 5); false from t=12; clear 4 s -> t=16
+    assert states == [False, False, False, False, True, True, True, False]
+    log = [e for e in events(capsys) if e["event"].startswith("anomaly_")]
+    assert [e["event"] for e in log] == ["anomaly_started", "anomaly_resolved"]
+    started = log[0]
+    assert started["rule"] == "too_hot" and started["gpu"] == "0" and started["uuid"] == node.gpu.identity.uuid
+    assert (started["severity"], started["value"], started["threshold"]) == ("critical", 85.0, HOT)
+    assert started["summary"] == "GPU at 85 C"
+
+
+def test_a_single_noisy_sample_neither_fires_nor_clears():
+    node = Node()
+    assert not any(node.poll(t)["too_hot"].firing for t in (50, 90, 50, 90, 50, 90, 50))
+    for t in (90, 90, 90, 90):
+        last = node.poll(t)["too_hot"]
+    assert last.firing and last.onsets == 1
+    assert node.poll(50)["too_hot"].firing  # one cool sample: clearing, still firing
+    assert node.poll(90)["too_hot"].firing
+    assert node.poll(90)["too_hot"].onsets == 1  # no new onset after a flap
+
+
+def test_since_and_onsets_and_rules_not_applicable_are_absent():
+    node = Node()
+    for t in (85, 85, 85, 85):
+        result = node.poll(t)
+    assert "fan_thing" not in result  # H200: no fan, rule not evaluated, no series
+    assert result["too_hot"].since_wall == node.clock.wall()
+    for t in (50, 50, 50, 85, 85, 85, 85):
+        result = node.poll(t)
+    assert result["too_hot"].onsets == 2
+
+
+def test_stale_data_does_not_move_the_state():
+    node = Node()
+    for t in (85, 85, 85, 85):
+        node.poll(t)
+    node.clock.advance(30)  # no poll: data stale, the rule answers None
+    result = {a.rule: a for a in node.engine.evaluate(node.store.snapshot(), node.clock.monotonic(), node.clock.wall())}
+    assert result["too_hot"].firing
+
+
+def test_yaml_settings_override_defaults():
+    node = Node(raw={"too_hot": {"limit": 90, "hold": 0, "severity": "warning"}})
+    result = node.poll(85)["too_hot"]
+    assert not result.firing
+    result = node.poll(95)["too_hot"]
+    assert result.firing and result.severity == "warning"
+    node = Node(raw={"too_hot": False})
+    assert "too_hot" not in node.poll(95)
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"nope": {}}, "unknown rule 'nope'"),
+    ({"too_hot": {"limt": 3}}, "rules.too_hot.limt: unknown setting; too_hot takes enabled, severity, hold, clear, limit"),
+    ({"too_hot": {"hold": -1}}, "must be 0 or more"),
+    ({"too_hot": {"severity": "page"}}, "must be one of critical, warning, info"),
+    ({"too_hot": {"limit": "hot"}}, "expected a number"),
+    ({"too_hot": {"enabled": "yes"}}, "expected true or false"),
+])
+def test_bad_rule_settings_are_config_errors(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        build_configs(RULES, raw)
