@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from gpuwatch.errors import ConfigError
 from gpuwatch.logs import FORMATS, LEVELS
 
 DEFAULT_PORT = 19400
-BACKENDS = ("nvml", "simulated")
+BACKENDS = ("nvml", "simulated", "replay")
 SIM_PROFILES = ("rtx6000", "h200")
 
 
@@ -44,6 +45,9 @@ class Config:
     sim_gpus: int = 8
     sim_profile: str = "rtx6000"
     sim_faults: bool = False  # run the scripted fault tour (always on for `gpuwatch demo`)
+    replay_file: str | None = None  # trace written by `gpuwatch record` (backend replay)
+    replay_speed: float = 1.0  # trace seconds per real second
+    replay_loop: bool = False  # start over at the end of the trace
     rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
     rules_window: float = 900.0  # seconds of history the rules may look back
     rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # YAML `rules:` per-rule settings
@@ -110,6 +114,49 @@ def _bool(name: str) -> Callable[[Any], bool]:
     return parse
 
 
+def _positive(name: str) -> Callable[[Any], float]:
+    """A positive finite number (a factor, not seconds)."""
+
+    def parse(value: Any) -> float:
+        try:
+            result = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+        if not 0 < result < float("inf"):
+            raise ConfigError(f"{name}: must be a positive number, got {value!r}")
+        return result
+
+    return parse
+
+
+def _file(name: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value)
+        if not os.path.isfile(text):
+            raise ConfigError(f"{name}: {text!r} is not a file (write one with `gpuwatch record --output FILE`)")
+        return text
+
+    return parse
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(name: str, value: Any) -> float:
+    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m``, ``1.5h``, ``500ms`` or ``1d``."""
+    text = str(value).strip().lower()
+    try:
+        seconds = float(text)
+    except ValueError:
+        if not text or _DURATION_PART.sub("", text):
+            raise ConfigError(f"{name}: {value!r} is not a duration (e.g. 90s, 10m, 1h30m)") from None
+        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"{name}: must be longer than 0, got {value!r}")
+    return seconds
+
+
 def parse_listen_address(value: str) -> tuple[str, int]:
     """``HOST:PORT``, ``:PORT`` (all interfaces) or ``[IPv6]:PORT`` -> (host, port)."""
     text = str(value).strip()
@@ -164,6 +211,7 @@ class Option:
     parse: Callable[[Any], Any]
     help: str
     repeatable: bool = False
+    switch: bool = False  # a boolean that may be given bare: --replay.loop means --replay.loop true
 
     @property
     def flag(self) -> str:
@@ -188,7 +236,7 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between slow polls: ECC, row remapping, PCIe, limits (default 30)"),
     Option("poll.staleness", "poll_staleness", _float("poll.staleness"),
            "readings older than this many seconds are not exported (default 3 fast intervals)"),
-    Option("backend", "backend", _choice("backend", BACKENDS), "data source: nvml or simulated (default nvml)"),
+    Option("backend", "backend", _choice("backend", BACKENDS), "data source: nvml, simulated or replay (default nvml)"),
     Option("log.level", "log_level", _choice("log.level", LEVELS), "debug, info, warning or error (default info)"),
     Option("log.format", "log_format", _choice("log.format", FORMATS),
            "json or console (default: json unless stderr is a terminal)"),
@@ -196,6 +244,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("sim.profile", "sim_profile", _choice("sim.profile", SIM_PROFILES),
            "simulated backend: rtx6000 (fans) or h200 (fanless) (default rtx6000)"),
     Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
+    Option("replay.file", "replay_file", _file("replay.file"),
+           "replay backend: trace file to play, written by `gpuwatch record` (docs/trace-format.md)"),
+    Option("replay.speed", "replay_speed", _positive("replay.speed"),
+           "replay backend: trace seconds per real second, e.g. 10 (default 1)"),
+    Option("replay.loop", "replay_loop", _bool("replay.loop"),
+           "replay backend: start over at the end of the trace instead of holding its last state", switch=True),
     Option("rules.expected-gpus", "rules_expected_gpus", _int("rules.expected-gpus", 0, 4096),
            "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),
     Option("rules.window", "rules_window", _float("rules.window"),
@@ -207,12 +261,14 @@ _BY_FIELD = {o.field: o for o in OPTIONS}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file (env GPUWATCH_CONFIG)")
     for option in OPTIONS:
+        bare: dict[str, Any] = {"nargs": "?", "const": "true"} if option.switch else {}
         parser.add_argument(
             option.flag,
             dest=option.field,
             default=None,
             action="append" if option.repeatable else "store",
             help=f"{option.help} [env {option.env}]",
+            **bare,
         )
 
 
@@ -288,6 +344,8 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
             f"poll.slow-interval ({config.poll_slow_interval:g} s) must not be shorter than "
             f"poll.interval ({config.poll_interval:g} s)"
         )
+    if config.backend == "replay" and config.replay_file is None:
+        raise ConfigError("backend replay needs --replay.file FILE, a trace written by `gpuwatch record`")
     if config.poll_staleness is not None and config.poll_staleness < config.poll_interval:
         raise ConfigError(
             f"poll.staleness ({config.poll_staleness:g} s) must be at least poll.interval ({config.poll_interval:g} s)"

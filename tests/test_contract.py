@@ -62,11 +62,25 @@ def simulated(tmp_path, profile):
     return once(env, "--backend", "simulated", "--sim.gpus", "2", "--sim.profile", profile)
 
 
+def replay(tmp_path, profile):
+    """A simulated node recorded with `gpuwatch record`, played back with the replay backend."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
+    trace = tmp_path / "trace.jsonl"
+    result = subprocess.run([sys.executable, "-m", "gpuwatch", "record", "--output", str(trace), "--duration", "1.5s",
+                             "--backend", "simulated", "--sim.gpus", "2", "--sim.profile", profile,
+                             "--poll.interval", "0.5", "--log.format", "json"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return once(env, "--backend", "replay", "--replay.file", str(trace))
+
+
 BACKENDS = {
     "nvml-h200": lambda tmp: nvml(tmp, ["h200", "h200"]),
     "nvml-rtx": lambda tmp: nvml(tmp, ["rtx", "rtx"]),
     "simulated-h200": lambda tmp: simulated(tmp, "h200"),
     "simulated-rtx6000": lambda tmp: simulated(tmp, "rtx6000"),
+    "replay-h200": lambda tmp: replay(tmp, "h200"),
+    "replay-rtx6000": lambda tmp: replay(tmp, "rtx6000"),
 }
 
 
