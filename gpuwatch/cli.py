@@ -3,15 +3,20 @@
     gpuwatch run     the daemon (NVML backend by default)
     gpuwatch demo    the daemon on a simulated 8-GPU node with a scripted tour of faults
     gpuwatch once    one poll, the exposition on stdout, then exit
+    gpuwatch check   ask the running daemon for anomalies (Slurm HealthCheckProgram, NHC)
+    gpuwatch record  poll the configured backend like `run` and write what it reports to a trace file
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuwatch import __version__
@@ -20,10 +25,13 @@ from gpuwatch import logs
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock
 from gpuwatch.config import Config
-from gpuwatch.errors import ConfigError
+from gpuwatch.errors import ConfigError, ReplayFormatError
 from gpuwatch.exporter import build_registry, text_exposition
 from gpuwatch.exporter.http import App, HttpServers
 from gpuwatch.poller import Poller
+from gpuwatch.rules import all_rules
+from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.sdnotify import Notifier
 from gpuwatch.store import Store
 
 EX_CONFIG = 78
@@ -41,6 +49,21 @@ def make_backend(config: Config, clock: Clock) -> Backend:
                 logs.get_logger(component="main").warning(
                     "demo_tour_disabled", reason="the fault tour needs at least 3 GPUs", hint="use --sim.gpus 3 or more")
         return SimulatedBackend(clock, gpu_count=config.sim_gpus, profile=config.sim_profile, faults=faults)
+    if config.backend == "replay":
+        from gpuwatch.backends.replay import ReplayBackend
+        from gpuwatch.trace import read_trace
+
+        assert config.replay_file is not None  # configuration.load() refuses backend replay without a file
+        trace = read_trace(config.replay_file)  # ReplayFormatError: main() reports it, exit 78
+        log = logs.get_logger(component="main")
+        for note in trace.notes:
+            log.warning("replay_trace_truncated", note=note)
+        wanted = trace.header.fast_interval / config.replay_speed
+        if config.poll_interval > wanted * 1.01:
+            log.warning("replay_undersampled", recorded_interval=trace.header.fast_interval,
+                        speed=config.replay_speed, poll_interval=config.poll_interval,
+                        hint=f"readings between polls are skipped: use --poll.interval {wanted:g} to see them all")
+        return ReplayBackend(trace, clock, speed=config.replay_speed, loop=config.replay_loop)
     from gpuwatch.backends.nvml import NvmlBackend
 
     return NvmlBackend()
@@ -54,13 +77,54 @@ class Agent:
         self.clock = clock or SystemClock()
         self.backend = backend or make_backend(config, self.clock)
         self.store = Store(self.clock, self.backend.name)
-        self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval)
+        rules = all_rules()
+        self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
+                             config.rules_window, config.rules_expected_gpus)
+        self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval,
+                             evaluate=self.evaluate_rules)
         self.registry = build_registry(self.store.snapshot, self.clock, config.staleness)
         self.http: HttpServers | None = None
+        self.last_evaluated: float | None = None
+
+    def evaluate_rules(self) -> None:
+        anomalies = self.engine.evaluate(self.store.snapshot(), self.clock.monotonic(), self.clock.wall())
+        self.store.set_anomalies(anomalies)
+        self.last_evaluated = self.clock.monotonic()
+
+    def alive(self) -> str | None:
+        """None while gpuwatch itself works (scheduler and HTTP), else why not. GPUs do not count here."""
+        bound = max(3 * self.config.poll_interval, 10.0)
+        if self.last_evaluated is None or self.clock.monotonic() - self.last_evaluated > bound:
+            return f"the scheduler has not run the rules for more than {bound:g} s"
+        if self.http is not None and not self.http.alive():
+            return "an HTTP listener thread died"
+        return None
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=, e.g. '8 GPUs, 1 anomaly, last poll 1.4 s ago'."""
+        snap = self.store.snapshot()
+        if not snap.backend_up:
+            return f"backend {snap.backend} down: {snap.backend_reason}"
+        firing = sum(1 for a in snap.anomalies if a.firing and a.severity != "info")
+        last = snap.tiers["fast"].last_completed_monotonic
+        age = "never" if last is None else f"{self.clock.monotonic() - last:.1f} s ago"
+        return f"{snap.visible_gpus} GPUs, {firing} {'anomaly' if firing == 1 else 'anomalies'}, last poll {age}"
+
+    def reconfigure(self, new: Config) -> list[str]:
+        """Apply what can change without a restart (rules, log level); returns the settings that need one."""
+        rules = build_configs(self.engine.rules, new.rules)  # ConfigError: the caller keeps the old settings
+        self.engine.reconfigure(rules)
+        logs.configure(new.log_level, new.log_format)
+        live = ("rules", "log_level", "log_format")
+        changed = [f.name for f in dataclasses.fields(Config)
+                   if f.name not in live and getattr(new, f.name) != getattr(self.config, f.name)]
+        self.config = dataclasses.replace(self.config, rules=new.rules, log_level=new.log_level,
+                                          log_format=new.log_format)
+        return changed
 
     def serve(self) -> list[str]:
         app = App(self.registry, self.store.snapshot, self.clock.monotonic, self.config.telemetry_path,
-                  self.config.staleness("fast"))
+                  self.config.staleness)
         self.http = HttpServers(self.config.listen_addresses, app)
         self.http.start()
         return self.http.bound()
@@ -79,9 +143,17 @@ def _parser() -> argparse.ArgumentParser:
         ("run", "run the daemon (NVML backend unless configured otherwise)"),
         ("demo", "run the daemon on a simulated 8-GPU node with a scripted tour of faults"),
         ("once", "poll once, print the exposition to stdout and exit"),
+        ("check", "ask the local daemon for anomalies; exit 0 healthy, 1 critical anomaly, 2 cannot tell"),
     ):
         command = sub.add_parser(name, help=text, description=text)
         configuration.add_arguments(command)
+    text = "poll the configured backend like `run` (serving nothing) and write what it reports to a trace"
+    record = sub.add_parser("record", help=text, description=f"{text} (format: docs/trace-format.md)")
+    configuration.add_arguments(record)
+    record.add_argument("--output", required=True, metavar="FILE",
+                        help="trace file to write (replaced if it exists); - for stdout")
+    record.add_argument("--duration", metavar="D",
+                        help="stop after D: 90s, 10m, 1h30m or seconds (default: at Ctrl-C or SIGTERM)")
     return parser
 
 
@@ -94,19 +166,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides: dict[str, Any] = {}
     if args.command == "demo":
         overrides = {"backend": "simulated", "sim_faults": True}
+    duration = None
     try:
         config = configuration.load(args, overrides=overrides)
+        if args.command == "record" and args.duration is not None:
+            duration = configuration.parse_duration("--duration", args.duration)
     except ConfigError as exc:
         print(f"gpuwatch: configuration error: {exc}", file=sys.stderr)
         return EX_CONFIG
+    if args.command == "check":
+        return _check(config)
     logs.configure(config.log_level, config.log_format)
+    try:
+        if args.command == "record":
+            return _record(config, args.output, duration)
+        agent = Agent(config)
+    except ConfigError as exc:
+        print(f"gpuwatch: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except ReplayFormatError as exc:
+        print(f"gpuwatch: cannot replay: {exc}", file=sys.stderr)
+        return EX_CONFIG
     if args.command == "once":
-        return _once(config)
-    return _run(config, demo=args.command == "demo")
+        return _once(agent)
+    rc = _run(agent, demo=args.command == "demo", reload=lambda: configuration.load(args, overrides=overrides))
+    _exit_past_stuck_threads(rc)
+    return rc
 
 
-def _once(config: Config) -> int:
-    agent = Agent(config)
+def _exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
+    """A poll thread stuck in a wedged NVML call (D state) cannot be joined: exit without waiting for it.
+
+    (Python joins thread-pool workers at exit, daemon or not, so a stuck one would hang the stop.)
+    """
+    import time
+
+    deadline = time.monotonic() + grace
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    if stuck:
+        logs.get_logger(component="main").warning("exit_with_busy_threads", threads=stuck,
+                                                   hint="an NVML call did not return; check the GPUs with nvidia-smi")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+def _once(agent: Agent) -> int:
     agent.poller.poll_fast()  # opens the backend and also runs the first slow poll
     sys.stdout.buffer.write(text_exposition(agent.registry))
     sys.stdout.flush()
@@ -115,10 +223,12 @@ def _once(config: Config) -> int:
     return 0 if up else 1
 
 
-def _run(config: Config, demo: bool) -> int:
+def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     log = logs.get_logger(component="main")
-    agent = Agent(config)
+    config = agent.config
     stop = threading.Event()
+    reload_requested = threading.Event()
+    notifier = Notifier()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("stopping", signal=signal.Signals(signum).name)
@@ -126,6 +236,7 @@ def _run(config: Config, demo: bool) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_requested.set())
     try:
         bound = agent.serve()
     except OSError as exc:
@@ -147,15 +258,133 @@ def _run(config: Config, demo: bool) -> int:
         if sys.stdout.isatty():
             viewer = LiveView(agent.store.snapshot, agent.clock, config.staleness("fast"), sys.stdout)
             viewer.start(config.poll_interval)
+    started = agent.clock.monotonic()
+    ready = False
+    last_status = last_ping = float("-inf")
+    withheld: str | None = None
     try:
-        while not stop.wait(0.5):
-            pass
+        while not stop.wait(0.25):
+            now = agent.clock.monotonic()
+            if not ready and (agent.store.snapshot().tiers["fast"].last_completed_monotonic is not None
+                              or now - started > 60):
+                # listener bound and the first discovery done (or the backend known to be down)
+                notifier.send(READY=1, STATUS=agent.status_line())
+                ready, last_status = True, now
+            if reload_requested.is_set():
+                reload_requested.clear()
+                _reload(agent, reload, log)
+            if notifier.watchdog_seconds and now - last_ping >= notifier.watchdog_seconds / 2:
+                problem = agent.alive()
+                if problem is None:
+                    notifier.send(WATCHDOG=1)
+                    last_ping, withheld = now, None
+                elif problem != withheld:
+                    withheld = problem
+                    log.error("watchdog_withheld", reason=problem, hint="systemd restarts gpuwatch if this persists")
+            if ready and now - last_status >= 5:
+                notifier.send(STATUS=agent.status_line())
+                last_status = now
     finally:
+        notifier.send(STOPPING=1)
         if viewer is not None:
             viewer.stop()
         agent.stop()
         log.info("stopped")
     return 0
+
+
+def _reload(agent: Agent, reload: Callable[[], Config], log: Any) -> None:
+    try:
+        new = reload()
+        needs_restart = agent.reconfigure(new)
+    except ConfigError as exc:
+        log.error("reload_failed", error=str(exc), hint="the previous configuration stays in effect; fix the file "
+                  "and send SIGHUP again (systemctl reload gpuwatch)")
+        return
+    log.info("reloaded", rules=sorted(new.rules))
+    if needs_restart:
+        log.warning("reload_needs_restart", settings=needs_restart,
+                    hint="these settings take effect at the next start: systemctl restart gpuwatch")
+
+
+def _record(config: Config, output: str, duration: float | None) -> int:
+    """The normal poller over the configured backend wrapped in a Recorder, for ``duration`` (or until a signal)."""
+    from gpuwatch.trace import Recorder, TraceWriter
+
+    log = logs.get_logger(component="record")
+    clock = SystemClock()
+    inner = make_backend(config, clock)
+    try:
+        writer = TraceWriter(sys.stdout if output == "-" else output, clock, backend=inner.name,
+                             fast_interval=config.poll_interval, slow_interval=config.poll_slow_interval)
+    except OSError as exc:
+        print(f"gpuwatch: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    recorder = Recorder(inner, writer, clock)
+    agent = Agent(config, clock=clock, backend=recorder)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    deadline = None if duration is None else clock.monotonic() + duration
+    agent.poller.start()
+    log.info("recording", version=__version__, backend=inner.name, output=writer.name, duration_seconds=duration,
+             poll_interval=config.poll_interval, poll_slow_interval=config.poll_slow_interval)
+    try:
+        while recorder.error is None:
+            remaining = None if deadline is None else deadline - clock.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            if stop.wait(0.5 if remaining is None else min(0.5, remaining)):
+                break
+    finally:
+        agent.stop()
+        writer.close()
+    if recorder.error is not None:
+        print(f"gpuwatch: recording stopped: {recorder.error}", file=sys.stderr)
+        return 1
+    log.info("recorded", output=writer.name, records=writer.records, skipped=recorder.skipped,
+             seconds=round(clock.monotonic() - writer.start, 1))
+    return 0
+
+
+def _check(config: Config) -> int:
+    """Exit 0 healthy (warnings are printed), 1 on a critical anomaly, 2 when the state is unknown."""
+    import urllib.error
+    import urllib.request
+
+    from gpuwatch.config import parse_listen_address
+    from gpuwatch.exporter.http import STATUS_PATH
+
+    host, port = parse_listen_address(config.listen_addresses[0])
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}{STATUS_PATH}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            document = json.load(response)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        print(f"gpuwatch: UNKNOWN: cannot read the daemon's status at {url}: {reason} "
+              "(is gpuwatch running? `systemctl status gpuwatch`)")
+        return 2
+    if not document["backend"]["up"]:
+        print(f"gpuwatch: UNKNOWN: backend {document['backend']['name']} down: {document['backend']['reason']}")
+        return 2
+    if not document["fresh"]:
+        age = document["polls"]["fast"]["age_seconds"]
+        print(f"gpuwatch: UNKNOWN: data is stale (last fast poll {age} s ago)")
+        return 2
+    problems = [a for a in document["anomalies"] if a["severity"] in ("critical", "warning")]
+    for a in problems:
+        where = f"GPU {a['gpu']} " if a["gpu"] is not None else ""
+        print(f"gpuwatch: {a['severity'].upper()}: {where}{a['rule']}: {a['summary']}")
+    if not problems:
+        print(f"gpuwatch: OK ({len(document['gpus'])} GPUs)")
+    return 1 if any(a["severity"] == "critical" for a in problems) else 0
 
 
 def _display_host(bound: str) -> str:

@@ -174,6 +174,9 @@ class HttpServers:
         for thread in self._threads:
             thread.start()
 
+    def alive(self) -> bool:
+        return all(thread.is_alive() for thread in self._threads)
+
     def close(self) -> None:
         threads = getattr(self, "_threads", [None] * len(self.servers))
         for server, thread in zip(self.servers, threads):
