@@ -39,8 +39,14 @@ EX_CONFIG = 78
 
 def make_backend(config: Config, clock: Clock) -> Backend:
     if config.backend == "simulated":
-        from gpuwatch.backends.simulated import SimulatedBackend, demo_tour
+        from gpuwatch.backends.simulated import SimulatedBackend, demo_tour, scenarios
 
+        if config.sim_scenario is not None:
+            known = scenarios()
+            if config.sim_scenario not in known:
+                raise ConfigError(f"sim.scenario: unknown scenario {config.sim_scenario!r}; "
+                                  f"known: {', '.join(sorted(known))} (gpuwatch demo --list)")
+            return known[config.sim_scenario].backend(clock)
         faults = None
         if config.sim_faults:
             if config.sim_gpus >= 3:
@@ -147,6 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     ):
         command = sub.add_parser(name, help=text, description=text)
         configuration.add_arguments(command)
+    demo = sub.choices["demo"]
+    demo.add_argument("--scenario", dest="sim_scenario", metavar="NAME",
+                      help="play a named scenario (one per anomaly rule) instead of the tour")
+    demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
     text = "poll the configured backend like `run` (serving nothing) and write what it reports to a trace"
     record = sub.add_parser("record", help=text, description=f"{text} (format: docs/trace-format.md)")
     configuration.add_arguments(record)
@@ -165,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     overrides: dict[str, Any] = {}
     if args.command == "demo":
+        if args.list:
+            return _list_scenarios()
         overrides = {"backend": "simulated", "sim_faults": True}
     duration = None
     try:
@@ -253,8 +265,9 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
         from gpuwatch.live import LiveView
 
         urls = [f"http://{_display_host(b)}{config.telemetry_path}" for b in bound]
-        print(f"gpuwatch demo: simulated {config.sim_gpus}-GPU node ({config.sim_profile}); "
-              f"scrape {' or '.join(urls)}; Ctrl-C stops.", file=sys.stderr, flush=True)
+        what = (f"scenario {config.sim_scenario}" if config.sim_scenario
+                else f"simulated {config.sim_gpus}-GPU node ({config.sim_profile}) with a tour of faults")
+        print(f"gpuwatch demo: {what}; scrape {' or '.join(urls)}; Ctrl-C stops.", file=sys.stderr, flush=True)
         if sys.stdout.isatty():
             viewer = LiveView(agent.store.snapshot, agent.clock, config.staleness("fast"), sys.stdout)
             viewer.start(config.poll_interval)
@@ -305,6 +318,16 @@ def _reload(agent: Agent, reload: Callable[[], Config], log: Any) -> None:
     if needs_restart:
         log.warning("reload_needs_restart", settings=needs_restart,
                     hint="these settings take effect at the next start: systemctl restart gpuwatch")
+
+
+def _list_scenarios() -> int:
+    from gpuwatch.backends.simulated import scenarios
+
+    for name, scenario in sorted(scenarios().items()):
+        fires = f" -> {scenario.rule} on GPU {scenario.gpu}" if scenario.rule and scenario.gpu is not None else (
+            f" -> {scenario.rule}" if scenario.rule else "")
+        print(f"{name:24} {scenario.profile:8} {scenario.gpu_count} GPUs  {scenario.description}{fires}")
+    return 0
 
 
 def _record(config: Config, output: str, duration: float | None) -> int:

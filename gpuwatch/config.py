@@ -29,7 +29,7 @@ from gpuwatch.logs import FORMATS, LEVELS
 
 DEFAULT_PORT = 19400
 BACKENDS = ("nvml", "simulated", "replay")
-SIM_PROFILES = ("rtx6000", "h200")
+SIM_PROFILES = ("rtx6000", "h200", "t4")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Config:
     sim_gpus: int = 8
     sim_profile: str = "rtx6000"
     sim_faults: bool = False  # run the scripted fault tour (always on for `gpuwatch demo`)
+    sim_scenario: str | None = None  # a named scenario instead of the tour (`gpuwatch demo --list`)
     replay_file: str | None = None  # trace written by `gpuwatch record` (backend replay)
     replay_speed: float = 1.0  # trace seconds per real second
     replay_loop: bool = False  # start over at the end of the trace
@@ -242,8 +243,10 @@ OPTIONS: tuple[Option, ...] = (
            "json or console (default: json unless stderr is a terminal)"),
     Option("sim.gpus", "sim_gpus", _int("sim.gpus", 1, 64), "simulated backend: number of GPUs (default 8)"),
     Option("sim.profile", "sim_profile", _choice("sim.profile", SIM_PROFILES),
-           "simulated backend: rtx6000 (fans) or h200 (fanless) (default rtx6000)"),
+           "simulated backend: rtx6000 (fans), h200 or t4 (fanless) (default rtx6000)"),
     Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
+    Option("sim.scenario", "sim_scenario", str,
+           "simulated backend: play a named scenario, one per anomaly rule (list them: gpuwatch demo --list)"),
     Option("replay.file", "replay_file", _file("replay.file"),
            "replay backend: trace file to play, written by `gpuwatch record` (docs/trace-format.md)"),
     Option("replay.speed", "replay_speed", _positive("replay.speed"),

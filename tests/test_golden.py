@@ -18,7 +18,7 @@ from daemon import Daemon, fake_env
 GOLDEN = Path(__file__).parent / "golden"
 # Samples whose values differ from run to run; their HELP/TYPE lines stay in the file.
 VOLATILE = re.compile(r"^(process_\w+|gpuwatch_build_info|gpuwatch_poll_duration_seconds|"
-                      r"gpuwatch_last_poll_timestamp_seconds)(\{| )")
+                      r"gpuwatch_last_poll_timestamp_seconds|gpuwatch_anomaly_since_timestamp_seconds)(\{| )")
 
 
 def stable(exposition: str) -> str:
@@ -70,3 +70,26 @@ def test_once_prints_the_same_exposition(tmp_path):
     promtool_check(result.stdout)
     # once runs no second poll, so poll_success is the only difference allowed: none here
     check_golden("nvml-fixture.prom", stable(result.stdout))
+
+
+def test_golden_exposition_with_firing_anomalies(tmp_path):
+    """GPU 1 reports 2 uncorrectable ECC errors and a pending row remap: both rules fire on it alone."""
+    node = fakenvml.FakeNode.from_profiles(["h200", "h200", "rtx"])
+    broken = node.gpus[1]
+    broken.ecc_errors = {(0, 0): 0, (1, 0): 2, (0, 1): 0, (1, 1): 2}
+    broken.remapped_rows = (0, 1, 1, 0)
+    fx = fakenvml.prepare(tmp_path, node)
+    d = Daemon(tmp_path, fake_env(fx))
+    try:
+        labels = dict(gpu="1", uuid=broken.uuid)
+        d.wait_value("gpuwatch_anomaly", 1, rule="ecc_uncorrectable", severity="critical", **labels)
+        d.wait_value("gpuwatch_anomaly", 1, rule="row_remap_pending", severity="warning", **labels)
+        d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+        status, body = d.get("/metrics")
+        promtool_check(body)
+        check_golden("nvml-fixture-anomalies.prom", stable(body))
+        assert d.value("gpuwatch_anomaly_since_timestamp_seconds", rule="ecc_uncorrectable", **labels) > 1.7e9
+        started = [e for e in d.events() if e["event"] == "anomaly_started"]
+        assert sorted((e["rule"], e["gpu"]) for e in started) == [("ecc_uncorrectable", "1"), ("row_remap_pending", "1")]
+    finally:
+        d.stop()

@@ -29,7 +29,17 @@ The model, per GPU and step:
   active.
 
 Faults (``Fault``) change the inputs of that model for one GPU during a time window; each kind is
-one small entry of ``FAULT_KINDS``, so a new anomaly scenario is one more entry.
+one small entry of ``FAULT_KINDS``, so a new anomaly scenario is one more entry. A few kinds act on
+the backend itself rather than on a GPU's physics: ``backend_down`` (every call raises
+BackendUnavailable), ``hang`` (reads block, like a wedged driver) and ``unlisted`` (a GPU gone from
+the bus and from discovery).
+
+Profiles: ``rtx6000`` (RTX 6000 Ada: one blower fan, absolute thresholds), ``h200`` (passively
+cooled, T.Limit thresholds, row remapping; after the H200 capture) and ``t4`` (Tesla T4: passive,
+70 W, page retirement instead of row remapping).
+
+``scenarios()`` names one scripted situation per anomaly rule, plus a healthy node per profile, for
+the demo and the scenario tests.
 """
 
 from __future__ import annotations
@@ -71,6 +81,8 @@ _MIB = 1024 * 1024
 _ALL_REASONS = sum(CLOCKS_EVENT_REASON_BITS.values())
 # Longest real-time slice of a wait_events wait, so that events coming due are seen promptly.
 _EVENT_POLL_SECONDS = 0.25
+# Real-time re-check period of a read blocked by a "hang" fault.
+_HANG_POLL_SECONDS = 0.005
 
 
 # --------------------------------------------------------------------------------------- profiles
@@ -222,7 +234,49 @@ H200 = Profile(
     retired_pages=False,
 )
 
-PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200)}
+# A passively cooled 70 W Turing card: the one profile with page retirement (pre-Ampere GPUs
+# retire pages; A100 and newer remap rows instead) and with a GDDR memory that has no sensor. No
+# capture of a T4 is on file: the values are the board's published ones (70 W, 16 GB GDDR6, PCIe
+# gen 3) and the thresholds nvidia-smi prints for it (shutdown 96, slowdown 93, max operating 85 C).
+T4 = Profile(
+    key="t4",
+    name="Tesla T4",
+    architecture="turing",
+    vbios_version="90.04.38.00.03",
+    serial_prefix="1322",
+    memory_total_mib=15360,
+    memory_reserved_mib=257,
+    idle_watts=10.0,
+    full_load_watts=76.0,
+    power_limit_watts={"enforced": 70.0, "default": 70.0, "min": 60.0, "max": 70.0},
+    clock_max_mhz={"graphics": 1590.0, "sm": 1590.0, "memory": 5001.0, "video": 1470.0},
+    clock_idle_mhz={"graphics": 300.0, "sm": 300.0, "memory": 405.0, "video": 540.0},
+    busy_pstate=0,
+    idle_pstate=8,
+    ambient_celsius=25.0,
+    thermal_time_constant_seconds=50.0,
+    # about 30 C idle and 60 C at 70 W in a server with adequate airflow
+    resistance_fans_stopped=0.5,
+    resistance_fans_full=0.5,
+    fan_count=0,
+    fan_max_rpm=0.0,
+    fan_time_constant_seconds=3.0,
+    gpu_max_celsius=85.0,
+    slowdown_celsius=93.0,
+    shutdown_celsius=96.0,
+    threshold_scale="absolute",
+    memory_max_tlimit=None,
+    memory_temperature=None,
+    pcie_max_generation=3,
+    pcie_idle_generation=1,
+    pcie_width=16,
+    clocks_event_time_reasons=RTX6000.clocks_event_time_reasons,
+    ecc=True,
+    remapped_rows=False,
+    retired_pages=True,
+)
+
+PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4)}
 
 
 def _fan_curve(temperature: float) -> float:
@@ -243,8 +297,13 @@ class Conditions:
     resistance_factor: float = 1.0
     fan_stalled: bool = False
     power_brake: bool = False
+    hw_slowdown: bool = False  # HW slowdown that is neither thermal nor a power brake
     clock_cap: float = 1.0
     lost: bool = False
+    fan_ratio: float = 1.0  # the fan reaches this share of its target
+    pcie_width: int | None = None  # link trained down to this many lanes
+    pcie_generation: int | None = None  # link trained down to this generation
+    replays_per_second: float = 0.0
 
 
 @dataclass(slots=True)
@@ -254,6 +313,9 @@ class Health:
     ecc: dict[tuple[str, str], int]
     remapped_rows: dict[str, int]
     remapped_rows_pending: bool = False
+    remapped_rows_failed: bool = False
+    retired_pages_pending: bool = False
+    pcie_replays: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +331,15 @@ class FaultKind:
     end: Callable[[Fault, Health, Profile], None] | None = None
     # XID code emitted through wait_events at each onset (None or 0: none)
     xid: Callable[[Fault], int | None] | None = None
+    # What it does to the backend itself rather than to one GPU's physics: "unavailable" (every
+    # call raises BackendUnavailable, node-wide), "hang" (reads block, node-wide) or "unlisted"
+    # (the GPU is left out of discovery and its reads raise DeviceLost).
+    backend: str | None = None
+
+    @property
+    def node_level(self) -> bool:
+        """Node-wide kinds ignore the fault's ``gpu`` (use 0)."""
+        return self.backend in ("unavailable", "hang")
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +463,64 @@ def _xid_param(fault: Fault) -> int | None:
     return int(fault.params["xid"]) or None
 
 
+def _fan_lag(fault: Fault, c: Conditions, _since: float) -> None:
+    c.fan_ratio = min(c.fan_ratio, fault.params["ratio"])
+
+
+def _hw_slowdown(fault: Fault, c: Conditions, _since: float) -> None:
+    c.hw_slowdown = True
+    c.clock_cap = min(c.clock_cap, fault.params["clock_factor"])
+
+
+def _pcie_downtrain(fault: Fault, c: Conditions, _since: float) -> None:
+    width, generation = int(fault.params["width"]), int(fault.params["generation"])
+    if width > 0:
+        c.pcie_width = width if c.pcie_width is None else min(c.pcie_width, width)
+    if generation > 0:
+        c.pcie_generation = generation if c.pcie_generation is None else min(c.pcie_generation, generation)
+
+
+def _pcie_replays(fault: Fault, c: Conditions, _since: float) -> None:
+    c.replays_per_second += fault.params["per_minute"] / 60.0
+
+
+def _pcie_replays_end(fault: Fault, health: Health, _profile: Profile) -> None:
+    if fault.params["reset_at_end"]:
+        health.pcie_replays = 0.0
+
+
+def _row_remap_pending_onset(fault: Fault, health: Health, profile: Profile) -> None:
+    count = int(fault.params["count"])
+    health.ecc[("corrected", "volatile")] += count
+    health.ecc[("corrected", "aggregate")] += count
+    health.remapped_rows["correctable"] += 1
+    health.remapped_rows_pending = True
+
+
+def _row_remap_failure_onset(_fault: Fault, health: Health, _profile: Profile) -> None:
+    health.remapped_rows_failed = True
+
+
+def _row_remap_failure_end(_fault: Fault, health: Health, _profile: Profile) -> None:
+    health.remapped_rows_failed = False
+
+
+def _retired_pages_onset(fault: Fault, health: Health, _profile: Profile) -> None:
+    count = int(fault.params["count"])
+    health.ecc[("corrected", "volatile")] += count
+    health.ecc[("corrected", "aggregate")] += count
+    health.retired_pages_pending = True
+
+
+def _reset_end(_fault: Fault, health: Health, _profile: Profile) -> None:
+    # The end of the window is the GPU reset (or reboot) that applies the remap or retirement:
+    # pending clears and the volatile counters start again from 0.
+    health.remapped_rows_pending = False
+    health.retired_pages_pending = False
+    health.ecc[("corrected", "volatile")] = 0
+    health.ecc[("uncorrected", "volatile")] = 0
+
+
 #: kind -> what it does. Add a scenario by adding an entry.
 FAULT_KINDS: dict[str, FaultKind] = {
     "load": FaultKind(
@@ -440,6 +569,84 @@ FAULT_KINDS: dict[str, FaultKind] = {
         onset=_ecc_onset,
         end=_ecc_end,
         xid=_xid_param,
+    ),
+    "fan_lag": FaultKind(
+        "Worn fan bearing or a failing fan controller: the fan reaches only `ratio` of its target "
+        "speed (RPM likewise); it keeps turning, and the GPU runs hotter.",
+        params={"ratio": 0.4},
+        requires=("fan",),
+        during=_fan_lag,
+    ),
+    "hw_slowdown": FaultKind(
+        "HW slowdown that is neither thermal nor a power brake (the fast-trigger over-power "
+        "protection, EDPp): hw_slowdown active, clocks cut to `clock_factor` of maximum. A short "
+        "repeating window makes the brief flashes seen during clock changes.",
+        params={"clock_factor": 0.5},
+        during=_hw_slowdown,
+    ),
+    "pcie_downtrain": FaultKind(
+        "The PCIe link trains below its maximum (a bad riser, a dirty slot): current width "
+        "`width` lanes and, when `generation` > 0, that generation, whether busy or idle (0: "
+        "unchanged).",
+        params={"width": 8.0, "generation": 0.0},
+        requires=("pcie",),
+        during=_pcie_downtrain,
+    ),
+    "pcie_replays": FaultKind(
+        "A marginal PCIe link: the replay counter grows by `per_minute` replays a minute. With "
+        "`reset_at_end` (1) the end of the window is the GPU reset after reseating the card, which "
+        "zeroes the counter; with 0 the counter just stops growing.",
+        params={"per_minute": 30.0, "reset_at_end": 1.0},
+        requires=("pcie",),
+        during=_pcie_replays,
+        end=_pcie_replays_end,
+    ),
+    "row_remap_pending": FaultKind(
+        "A row is remapped after `count` correctable errors in it (XID `xid`, 63: recording "
+        "event): remapped rows correctable +1 and a remap pending until the end of the window "
+        "(the GPU reset, which also zeroes the volatile counters). No uncorrectable error.",
+        params={"count": 3.0, "xid": 63.0},
+        requires=("ecc", "remapped_rows"),
+        onset=_row_remap_pending_onset,
+        end=_reset_end,
+        xid=_xid_param,
+    ),
+    "row_remap_failure": FaultKind(
+        "A row remapping fails (no spare rows left in the bank): remapped_rows_failed from onset "
+        "to the end of the window (the end stands for the repair), XID `xid` (64) at onset.",
+        params={"xid": 64.0},
+        requires=("remapped_rows",),
+        onset=_row_remap_failure_onset,
+        end=_row_remap_failure_end,
+        xid=_xid_param,
+    ),
+    "retired_pages_pending": FaultKind(
+        "Pre-Ampere page retirement: after `count` correctable errors on one page it is marked for "
+        "retirement at the next reboot (XID `xid`, 63); pending until the end of the window (the "
+        "reboot, which also zeroes the volatile counters).",
+        params={"count": 3.0, "xid": 63.0},
+        requires=("ecc", "retired_pages"),
+        onset=_retired_pages_onset,
+        end=_reset_end,
+        xid=_xid_param,
+    ),
+    "backend_down": FaultKind(
+        "Node-wide (gpu is ignored, use 0): the driver is unloaded or reloading. open(), "
+        "discover(), the reads and wait_events raise BackendUnavailable(driver_not_loaded) while "
+        "active; afterwards the node answers again.",
+        backend="unavailable",
+    ),
+    "hang": FaultKind(
+        "Node-wide (gpu is ignored, use 0): NVML calls hang, as with a wedged driver. read_fast and "
+        "read_slow block until the window is over by the injected clock (re-checked every few "
+        "milliseconds of real time) or close(). With a FakeClock, run the poll on another thread.",
+        backend="hang",
+    ),
+    "unlisted": FaultKind(
+        "The GPU drops off the PCI bus without a trace: its reads raise DeviceLost and discovery "
+        "leaves it out while active. The poller notices the smaller count at its next discovery, "
+        "so combine it with a short backend_down (a driver reload) at both ends of the window.",
+        backend="unlisted",
     ),
 }
 
@@ -491,6 +698,226 @@ def demo_tour(
         f("cooling_failure", hot_gpu, 110, 320),
         f("fell_off_bus", lost_gpu, 240, 330),
     ]
+
+
+# -------------------------------------------------------------------------------------- scenarios
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A named, scripted situation: one anomaly rule's textbook case, or a healthy node.
+
+    The node runs ``faults`` (times in seconds after ``open()``) for ``duration_seconds``. With
+    ``rule`` set, that rule is expected to start firing on GPU ``gpu`` (for a node rule: on the
+    node, ``gpu`` being the GPU whose anomalies are its expected consequences, or None) once the
+    fault has begun (``onset_seconds``), its condition has had time to appear (``latency_seconds``:
+    the physics and the polling, e.g. minutes for a GPU to heat up, up to one 30 s slow poll for a
+    health flag, half a window for a windowed share) and the rule's hold time has passed; and to
+    resolve once the cause is gone (``end_seconds``, then ``recovery_seconds`` until the condition
+    is false) and its clear time has passed. Other warning/critical anomalies may follow on that
+    same GPU (a hot GPU is also throttled), never on another one. A healthy scenario (``rule``
+    None) fires nothing of severity warning or critical.
+    """
+
+    name: str
+    description: str
+    profile: str
+    gpu_count: int
+    faults: tuple[Fault, ...]
+    duration_seconds: float
+    rule: str | None = None
+    gpu: int | None = None
+    onset_seconds: float = 0.0
+    latency_seconds: float = 0.0
+    end_seconds: float | None = None
+    recovery_seconds: float = 0.0
+    seed: int = 0
+
+    def backend(self, clock: Clock) -> SimulatedBackend:
+        """A fresh simulated node playing this scenario."""
+        return SimulatedBackend(
+            clock, gpu_count=self.gpu_count, profile=self.profile, faults=self.faults, seed=self.seed
+        )
+
+    def fires_by(self, hold_seconds: float, poll_seconds: float = 2.0) -> float | None:
+        """Latest time (s after open) the expected anomaly may start firing: onset + latency + hold
+        + two polls (one to see the condition, one of rounding to the poll grid)."""
+        if self.rule is None:
+            return None
+        return self.onset_seconds + self.latency_seconds + hold_seconds + 2 * poll_seconds
+
+    def resolves_by(self, clear_seconds: float, poll_seconds: float = 2.0) -> float | None:
+        """Latest time the expected anomaly may still be firing: end + recovery + clear + two polls."""
+        if self.rule is None or self.end_seconds is None:
+            return None
+        return self.end_seconds + self.recovery_seconds + clear_seconds + 2 * poll_seconds
+
+
+def _burn(gpu: int, start: float, end: float | None, utilization: float = 1.0) -> Fault:
+    return Fault("load", gpu, start, end, params={"utilization": utilization})
+
+
+def _healthy(profile: str, gpu_count: int) -> Scenario:
+    slow_cap = {"rtx6000": 0.6, "h200": 0.7, "t4": 0.6}[profile]
+    return Scenario(
+        name=f"healthy-{profile}",
+        description=(
+            f"A healthy {PROFILES[profile].name} node for 30 minutes: GPU 0 idles for 5 minutes, "
+            "then runs a burn job at its power cap for 10 minutes, then idles; GPU 1 runs a job "
+            "below the cap for 20 minutes; GPU 2 idles for 15 minutes (PCIe downshifts where the "
+            "board does that); GPU 3 runs its normal jobs with a 2 s hw_slowdown flash every "
+            "minute (clock changes). Only info anomalies (power_capped) may fire."
+        ),
+        profile=profile,
+        gpu_count=gpu_count,
+        faults=(
+            _burn(0, 0, 300, 0.0),
+            _burn(0, 300, 900),
+            _burn(0, 900, 1200, 0.0),
+            _burn(1, 0, 1200, slow_cap),
+            _burn(2, 0, 900, 0.0),
+            Fault("hw_slowdown", 3, 45, 47, repeat_seconds=60),
+        ),
+        duration_seconds=1800.0,
+    )
+
+
+def scenarios() -> dict[str, Scenario]:
+    """Every scenario by name: one per anomaly rule (named after it) and a healthy one per profile."""
+    def one(rule: str, description: str, profile: str, faults: Sequence[Fault], *, gpu: int | None,
+            latency: float, end: float | None, recovery: float = 0.0, onset: float = 120.0,
+            gpu_count: int = 4, duration: float | None = None) -> Scenario:
+        if duration is None:
+            duration = (end or onset) + recovery + 240.0
+        return Scenario(rule, description, profile, gpu_count, tuple(faults), duration, rule, gpu,
+                        onset, latency, end, recovery)
+
+    cases = [
+        _healthy("rtx6000", 4),
+        _healthy("h200", 4),
+        _healthy("t4", 4),
+        one("fan_stalled",
+            "GPU 2 runs a burn job; at 2 min its fan stops (0 RPM) while the driver keeps asking for "
+            "more and the GPU heats; it spins again at 6 min.",
+            "rtx6000", [_burn(2, 0, 600), Fault("fan_stall", 2, 120, 360)],
+            gpu=2, latency=4, end=360, recovery=4),
+        one("fan_not_tracking",
+            "GPU 1 runs a burn job; from 2 min its worn fan reaches only 40 % of its target speed "
+            "(it turns, but far too slowly) until 8 min.",
+            "rtx6000", [_burn(1, 0, 720), Fault("fan_lag", 1, 120, 480, params={"ratio": 0.4})],
+            gpu=1, latency=25, end=480, recovery=25),
+        one("fan_at_max",
+            "GPU 1 runs a burn job; from 2 min its heatsink clogs (2.1× thermal resistance): the fan "
+            "runs at 100 % and the GPU still sits a few degrees under its slowdown threshold, until "
+            "the heatsink is cleaned at 10 min.",
+            "rtx6000", [_burn(1, 0, 900),
+                        Fault("cooling_failure", 1, 120, 600, params={"factor": 2.1, "ramp_seconds": 60})],
+            gpu=1, latency=150, end=600, recovery=90),
+        one("overheating",
+            "Passively cooled H200s: GPU 1 runs a burn job; from 2 min its airflow halves (2× "
+            "thermal resistance): it settles within 5 °C of its slowdown threshold (T.Limit scale) "
+            "until the airflow is back at 10 min.",
+            "h200", [_burn(1, 0, 900),
+                     Fault("cooling_failure", 1, 120, 600, params={"factor": 2.0, "ramp_seconds": 60})],
+            gpu=1, latency=200, end=600, recovery=90),
+        one("thermal_runaway",
+            "H200 GPU 2 runs a burn job; from 2 min its cooling degrades steadily over 5 minutes "
+            "(to 2.5× thermal resistance): the temperature climbs toward slowdown at several °C a "
+            "minute, the GPU throttles, and the cooling is restored at 10 min.",
+            "h200", [_burn(2, 0, 900),
+                     Fault("cooling_failure", 2, 120, 600, params={"factor": 2.5, "ramp_seconds": 300})],
+            gpu=2, latency=200, end=600, recovery=60),
+        one("thermal_throttling",
+            "RTX 6000 GPU 0 runs a burn job; at 2 min its cooling fails (4× thermal resistance): it "
+            "reaches slowdown within a minute and the HW and SW thermal slowdowns hold the clocks "
+            "down until the cooling is back at 8 min.",
+            "rtx6000", [_burn(0, 0, 900), Fault("cooling_failure", 0, 120, 480)],
+            gpu=0, latency=70, end=480, recovery=90),
+        one("thermal_outlier",
+            "Four passively cooled H200s all run burn jobs at their 700 W cap; from 2 min GPU 2's "
+            "airflow is partly blocked (1.7× thermal resistance): it runs about 20 °C hotter than "
+            "its peers, still well below slowdown, until 16 min.",
+            "h200", [*(_burn(g, 0, 1300) for g in range(4)),
+                     Fault("cooling_failure", 2, 120, 960, params={"factor": 1.7, "ramp_seconds": 60})],
+            gpu=2, latency=150, end=960, recovery=90),
+        one("power_brake",
+            "H200 GPU 1 runs a burn job; from 2 to 6 min the PSU asserts the external power brake: "
+            "clocks cut to 30 %.",
+            "h200", [_burn(1, 0, 600), Fault("power_brake", 1, 120, 360)],
+            gpu=1, latency=2, end=360, recovery=30),
+        one("hw_slowdown",
+            "H200 GPU 3 runs a burn job; from 2 to 6 min HW slowdown holds its clocks at half "
+            "without a thermal or power-brake reason (fast-trigger over-power protection).",
+            "h200", [_burn(3, 0, 600), Fault("hw_slowdown", 3, 120, 360)],
+            gpu=3, latency=16, end=360, recovery=16),
+        one("power_capped",
+            "RTX 6000 GPU 0 idles, runs a burn job from 2 to 8 min at its 300 W cap, and idles again "
+            "(info only: this is normal at full load).",
+            "rtx6000", [_burn(0, 0, 120, 0.0), _burn(0, 120, 480), _burn(0, 480, None, 0.0),
+                        _burn(1, 0, 600, 0.0)],
+            gpu=0, latency=32, end=480, recovery=32, gpu_count=2),
+        one("gpu_lost",
+            "H200 GPU 1 falls off the bus at 2 min (XID 79, every query answers GPU_IS_LOST) and is "
+            "back at 6 min.",
+            "h200", [Fault("fell_off_bus", 1, 120, 360)],
+            gpu=1, latency=2, end=360, recovery=2),
+        one("xid_critical",
+            "H200 GPU 2 reports XID 48 (double-bit ECC error) at 2 min; GPUs 0, 1 and 3 report the "
+            "application faults XID 13, 31 and 43, which never fire. The anomaly ends 15 minutes "
+            "after the event (the rule's lookback).",
+            "h200", [Fault("xid", 2, 120, params={"xid": 48}), Fault("xid", 0, 100, params={"xid": 13}),
+                     Fault("xid", 1, 110, params={"xid": 31}), Fault("xid", 3, 130, params={"xid": 43})],
+            gpu=2, latency=2, end=1020, recovery=2, duration=1140),
+        one("ecc_uncorrectable",
+            "H200 GPU 0 sees 2 uncorrectable ECC errors at 2 min (XID 94, contained; a row remap "
+            "becomes pending); the GPU is reset at 8 min, which zeroes the volatile counters.",
+            "h200", [Fault("ecc_uncorrectable", 0, 120, 480)],
+            gpu=0, latency=30, end=480, recovery=30),
+        one("row_remap_failed",
+            "H200 GPU 1 fails to remap a memory row at 2 min (XID 64); the board is repaired at 8 min.",
+            "h200", [Fault("row_remap_failure", 1, 120, 480)],
+            gpu=1, latency=30, end=480, recovery=30),
+        one("row_remap_pending",
+            "H200 GPU 2 remaps a row after correctable errors at 2 min (XID 63, no uncorrectable "
+            "error); the remap is pending until the GPU is reset at 8 min.",
+            "h200", [Fault("row_remap_pending", 2, 120, 480)],
+            gpu=2, latency=30, end=480, recovery=30),
+        one("retired_pages_pending",
+            "Tesla T4 GPU 1 marks a page for retirement after correctable errors at 2 min (XID 63); "
+            "it is retired at the reboot at 8 min.",
+            "t4", [Fault("retired_pages_pending", 1, 120, 480)],
+            gpu=1, latency=30, end=480, recovery=30),
+        one("pcie_link_degraded",
+            "RTX 6000 GPU 3 runs a burn job with its PCIe link trained down to x8 from 2 to 8 min; "
+            "GPU 1, idle, has the same x8 link and its usual idle downshift to gen 1, which never "
+            "fires.",
+            "rtx6000", [_burn(3, 0, 720), Fault("pcie_downtrain", 3, 120, 480),
+                        _burn(1, 0, 720, 0.0), Fault("pcie_downtrain", 1, 120, 480)],
+            gpu=3, latency=30, end=480, recovery=30),
+        one("pcie_replays_rising",
+            "H200 GPU 0's PCIe link replays 30 times a minute from 2 min; the card is reseated and "
+            "reset at 8 min; the replay rate over the 5-minute lookback falls below 8/min some 4 minutes later.",
+            "h200", [Fault("pcie_replays", 0, 120, 480)],
+            gpu=0, latency=110, end=480, recovery=240),
+        one("backend_down",
+            "The driver of a 2-GPU H200 node is unloaded from 2 to 4 min: NVML cannot be used; the "
+            "poller retries with capped exponential backoff and recovers by itself.",
+            "h200", [Fault("backend_down", 0, 120, 240)],
+            gpu=None, latency=2, end=240, recovery=60, gpu_count=2),
+        one("collection_stalled",
+            "NVML hangs on an H200 node from 2 to 3 min (a wedged driver): the fast poll in flight "
+            "blocks, no poll completes, and the readings go stale.",
+            "h200", [Fault("hang", 0, 120, 180)],
+            gpu=None, latency=8, end=180, recovery=2),
+        one("gpu_missing",
+            "H200 GPU 3 drops off the PCI bus at 2 min and the driver is reloaded (4 s): the node now "
+            "lists 3 GPUs of 4 (gpu_lost also fires on GPU 3, which stays listed as down). At 8 min "
+            "it is back and a second reload lists it again.",
+            "h200", [Fault("unlisted", 3, 120, 480), Fault("backend_down", 0, 120, 124),
+                     Fault("backend_down", 0, 480, 484)],
+            gpu=3, latency=8, end=480, recovery=8),
+    ]
+    return {case.name: case for case in cases}
 
 
 # ---------------------------------------------------------------------------------------- physics
@@ -567,7 +994,10 @@ class _Gpu:
     sw_thermal: bool = False
     hw_thermal: bool = False
     power_brake: bool = False
+    hw_slowdown: bool = False
     lost: bool = False
+    pcie_width: int | None = None  # trained-down link (faults), else the profile's
+    pcie_generation: int | None = None
     active_faults: set[int] = field(default_factory=set)
     event_seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(CLOCKS_EVENT_TIME_REASONS, 0.0)
@@ -655,7 +1085,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     if g.hw_thermal:
         over = (temp - p.slowdown_celsius) / (p.shutdown_celsius - p.slowdown_celsius)
         factor = min(factor, 0.5 * min(1.0, max(0.3, 1.0 - 0.6 * over)))
-    if c.power_brake:
+    if c.power_brake or c.hw_slowdown:
         factor = min(factor, c.clock_cap)
 
     # power, capped at the enforced limit
@@ -673,7 +1103,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     resistance = p.resistance_fans_stopped
     if p.fan_count:
         g.fan_target = _fan_curve(temp)
-        goal = 0.0 if c.fan_stalled else g.fan_target
+        goal = 0.0 if c.fan_stalled else g.fan_target * c.fan_ratio
         tau = 1.0 if c.fan_stalled else p.fan_time_constant_seconds
         g.fan_speed += (goal - g.fan_speed) * (1.0 - math.exp(-dt / tau))
         resistance -= (p.resistance_fans_stopped - p.resistance_fans_full) * g.fan_speed
@@ -703,6 +1133,9 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     g.power, g.utilization, g.busy, g.capped = power, util, busy, capped
     g.memory_utilization = min(1.0, util * c.memory_intensity * (1.0 + 0.1 * jitter_util))
     g.clock_factor, g.power_brake, g.lost = factor, c.power_brake, c.lost
+    g.hw_slowdown = c.hw_slowdown
+    g.pcie_width, g.pcie_generation = c.pcie_width, c.pcie_generation
+    g.health.pcie_replays += c.replays_per_second * dt
 
 
 def _fast_sample(g: _Gpu) -> FastSample:
@@ -736,7 +1169,7 @@ def _fast_sample(g: _Gpu) -> FastSample:
         ("sw_thermal_slowdown", g.sw_thermal),
         ("hw_thermal_slowdown", g.hw_thermal),
         ("hw_power_brake_slowdown", g.power_brake),
-        ("hw_slowdown", g.hw_thermal or g.power_brake),
+        ("hw_slowdown", g.hw_thermal or g.power_brake or g.hw_slowdown),
     ):
         if on:
             mask |= CLOCKS_EVENT_REASON_BITS[reason]
@@ -787,6 +1220,10 @@ def _slow_sample(g: _Gpu) -> SlowSample:
         if p.memory_max_tlimit is not None:
             margin_thresholds["memory_max"] = p.memory_max_tlimit
     h = g.health
+    generation = p.pcie_max_generation if g.busy else p.pcie_idle_generation
+    if g.pcie_generation is not None:
+        generation = min(generation, g.pcie_generation)
+    width = p.pcie_width if g.pcie_width is None else min(p.pcie_width, g.pcie_width)
     return SlowSample(
         temperature_threshold_celsius=thresholds,
         temperature_margin_threshold_celsius=margin_thresholds,
@@ -795,14 +1232,11 @@ def _slow_sample(g: _Gpu) -> SlowSample:
         ecc_errors=dict(h.ecc) if p.ecc else {},
         remapped_rows=dict(h.remapped_rows) if p.remapped_rows else {},
         remapped_rows_pending=h.remapped_rows_pending if p.remapped_rows else None,
-        remapped_rows_failed=False if p.remapped_rows else None,
-        retired_pages_pending=False if p.retired_pages else None,
-        pcie_link_generation={
-            "current": p.pcie_max_generation if g.busy else p.pcie_idle_generation,
-            "max": p.pcie_max_generation,
-        },
-        pcie_link_width={"current": p.pcie_width, "max": p.pcie_width},
-        pcie_replays=0,
+        remapped_rows_failed=h.remapped_rows_failed if p.remapped_rows else None,
+        retired_pages_pending=h.retired_pages_pending if p.retired_pages else None,
+        pcie_link_generation={"current": generation, "max": p.pcie_max_generation},
+        pcie_link_width={"current": width, "max": p.pcie_width},
+        pcie_replays=int(h.pcie_replays),
     )
 
 
@@ -883,6 +1317,7 @@ class SimulatedBackend:
         self._clock = clock
         self._seed = seed
         self._faults = faults
+        self._backend_faults = tuple(f for f in faults if FAULT_KINDS[f.kind].backend)
         self._identities = [_identity(seed, i, self._profile) for i in range(gpu_count)]
         self._index_by_uuid = {ident.uuid: ident.index for ident in self._identities}
         self._lock = threading.Lock()
@@ -891,6 +1326,7 @@ class SimulatedBackend:
         self._t0: float | None = None
         self._gpus: list[_Gpu] = []
         self._events_until = -1.0  # XID onsets up to this elapsed time have been delivered
+        self._blocked = 0  # reads waiting in a hang
 
     @property
     def profile(self) -> Profile:
@@ -899,6 +1335,16 @@ class SimulatedBackend:
     @property
     def gpu_count(self) -> int:
         return len(self._identities)
+
+    @property
+    def hung_reads(self) -> int:
+        """Reads blocked right now by a hang fault that is still active by the clock.
+
+        For harnesses that run polls on threads under a FakeClock: a poll is either finished,
+        running, or hung, and this tells the last apart without waiting in real time.
+        """
+        with self._lock:
+            return self._blocked if self._effect("hang") else 0
 
     def open(self) -> DriverInfo:
         with self._lock:
@@ -914,6 +1360,7 @@ class SimulatedBackend:
                     )
                     for ident in self._identities
                 ]
+            self._check_available()
             self._open = True
             self._closed = threading.Event()
             return DRIVER_INFO
@@ -927,13 +1374,19 @@ class SimulatedBackend:
         with self._lock:
             self._check_open()
             features = self._profile.features
-            return [DiscoveredGpu(identity=i, features=dict(features)) for i in self._identities]
+            return [
+                DiscoveredGpu(identity=i, features=dict(features))
+                for i in self._identities
+                if not self._effect("unlisted", i.index)
+            ]
 
     def read_fast(self, uuid: str) -> FastSample:
+        self._wait_out_hang()
         with self._lock:
             return _fast_sample(self._current(uuid))
 
     def read_slow(self, uuid: str) -> SlowSample:
+        self._wait_out_hang()
         with self._lock:
             return _slow_sample(self._current(uuid))
 
@@ -960,6 +1413,43 @@ class SimulatedBackend:
                 "the simulated backend is not open",
                 "call open() first (the poller does this on start and after errors)",
             )
+        self._check_available()
+
+    def _check_available(self) -> None:
+        if self._effect("unavailable"):
+            raise BackendUnavailable(
+                "driver_not_loaded",
+                "the simulated driver is not loaded (backend_down fault)",
+                "wait for the fault window to end; the poller retries by itself",
+            )
+
+    def _effect(self, effect: str, index: int | None = None) -> bool:
+        """Whether a backend-level fault of that effect (on GPU ``index``) is active now."""
+        if self._t0 is None or not self._backend_faults:
+            return False
+        t = math.floor(self._elapsed() / STEP_SECONDS + 1e-6) * STEP_SECONDS
+        return any(
+            FAULT_KINDS[f.kind].backend == effect
+            and (index is None or f.gpu == index)
+            and f.since_onset(t) is not None
+            for f in self._backend_faults
+        )
+
+    def _wait_out_hang(self) -> None:
+        """Block, like a wedged NVML call, while a hang fault is active (until close())."""
+        with self._lock:
+            if not self._open or not self._effect("hang"):
+                return
+            self._blocked += 1
+            closed = self._closed
+        try:
+            while not closed.wait(_HANG_POLL_SECONDS):
+                with self._lock:
+                    if not self._open or not self._effect("hang"):
+                        return
+        finally:
+            with self._lock:
+                self._blocked -= 1
 
     def _elapsed(self) -> float:
         assert self._t0 is not None
@@ -977,6 +1467,8 @@ class SimulatedBackend:
             _step(g, g.step * STEP_SECONDS, STEP_SECONDS)
         if g.lost:
             raise DeviceLost(uuid, f"simulated GPU {index} has fallen off the bus")
+        if self._effect("unlisted", index):
+            raise DeviceLost(uuid, f"simulated GPU {index} is no longer on the PCI bus")
         return g
 
     def _due_events(self) -> list[XidEvent]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuwatch.model import FastSample, GpuState, NodeSnapshot, Observation, SlowSample
 
@@ -35,8 +36,10 @@ class Window:
     """
 
     def __init__(self, latest: NodeSnapshot, history: Mapping[str, Sequence[tuple[float, FastSample]]],
-                 fast_staleness: float, expected_gpus: int = 0, now: float | None = None) -> None:
+                 fast_staleness: float, expected_gpus: int = 0, now: float | None = None,
+                 slow_history: Mapping[str, Sequence[tuple[float, SlowSample]]] | None = None) -> None:
         self.latest = latest
+        self._slow_history = slow_history or {}
         self._now = latest.taken_monotonic if now is None else now
         self._history = history
         self.fast_staleness = fast_staleness
@@ -66,7 +69,13 @@ class Window:
 
     def series(self, uuid: str, seconds: float | None = None) -> list[tuple[float, FastSample]]:
         """(monotonic time, fast sample) of the GPU over the last ``seconds`` (all kept if None), oldest first."""
-        samples = self._history.get(uuid, ())
+        return self._recent(self._history.get(uuid, ()), seconds)
+
+    def slow_series(self, uuid: str, seconds: float | None = None) -> list[tuple[float, SlowSample]]:
+        """(monotonic time, slow sample) of the GPU over the last ``seconds``, oldest first."""
+        return self._recent(self._slow_history.get(uuid, ()), seconds)
+
+    def _recent(self, samples: Sequence[tuple[float, Any]], seconds: float | None) -> list[tuple[float, Any]]:
         if seconds is None:
             return list(samples)
         since = self.now - seconds

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuwatch.errors import ConfigError
 from gpuwatch.logs import get_logger
-from gpuwatch.model import SEVERITIES, Anomaly, FastSample, NodeSnapshot, Observation
+from gpuwatch.model import SEVERITIES, Anomaly, FastSample, NodeSnapshot, Observation, SlowSample
 from gpuwatch.rules.base import Rule, RuleConfig, Window
 
 DEFAULT_WINDOW_SECONDS = 900.0
@@ -101,6 +101,7 @@ class Engine:
         self._most_gpus = 0
         self._tracks: dict[tuple[str, str | None], _Track] = {}
         self._history: dict[str, deque[tuple[float, FastSample]]] = {}
+        self._slow_history: dict[str, deque[tuple[float, SlowSample]]] = {}
         self._log = get_logger(component="rules")
         self._lock = threading.Lock()
 
@@ -122,6 +123,12 @@ class Engine:
                     history.append((state.fast_monotonic, state.fast))
             while history and history[0][0] < horizon:
                 history.popleft()
+            slow = self._slow_history.setdefault(uuid, deque())
+            if state.up and state.slow is not None and state.slow_monotonic is not None:
+                if not slow or slow[-1][0] != state.slow_monotonic:
+                    slow.append((state.slow_monotonic, state.slow))
+            while slow and slow[0][0] < horizon:
+                slow.popleft()
         self._most_gpus = max(self._most_gpus, snap.visible_gpus)
 
     def evaluate(self, snap: NodeSnapshot, now: float | None = None, wall: float | None = None) -> tuple[Anomaly, ...]:
@@ -136,7 +143,8 @@ class Engine:
 
     def _evaluate(self, snap: NodeSnapshot, now: float, wall: float) -> tuple[Anomaly, ...]:
         self._remember(snap)
-        window = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now)
+        window = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now,
+                        self._slow_history)
         result: list[Anomaly] = []
         for rule in self._rules:
             config = self._configs[rule.id]

@@ -1,0 +1,299 @@
+"""Health rules: lost GPUs, critical XIDs, ECC and memory repair states, the PCIe link.
+
+Counters and flags of the slow tier (ECC, remapping, retirement, PCIe) are facts reported by the
+driver, not noisy measurements, so those rules fire on the first slow poll that shows them
+(hold 0). While a GPU is down its last slow sample is stale: the rules then return "cannot tell"
+and keep their state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from gpuwatch.model import FastSample, GpuState, Observation, SlowSample
+from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
+from gpuwatch.rules.thermal import gpu_label
+
+#: XID codes that mean the GPU (not the application) is in trouble, with NVIDIA's descriptions
+#: (docs.nvidia.com/deploy/xid-errors). Application faults such as 13 (graphics engine exception),
+#: 31 (GPU memory page fault), 43 (GPU stopped processing) and 45 (preemptive cleanup) are not
+#: here, nor are 63 (a row remap / page retirement was recorded: row_remap_pending and
+#: retired_pages_pending cover it) and 94 (contained ECC error: ecc_uncorrectable covers it).
+CRITICAL_XIDS: Mapping[int, str] = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+
+
+def _up_state(window: Window, uuid: str) -> GpuState | None:
+    """The GPU's state if it is answering and the backend is up; None: its readings are stale."""
+    state = window.gpu(uuid)
+    if state is None or not state.up or not window.latest.backend_up:
+        return None
+    return state
+
+
+def _slow(window: Window, uuid: str) -> SlowSample | None:
+    state = _up_state(window, uuid)
+    return None if state is None else state.slow
+
+
+# ------------------------------------------------------------------------------------ lost
+
+
+def _gpu_lost(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    state = window.gpu(uuid)
+    if state is None or not window.latest.backend_up:
+        return None  # with the backend down nothing is known about any GPU (backend_down says so)
+    label = f"{gpu_label(window, uuid)} ({uuid})"
+    if state.up:
+        return Observation(False, 0.0, 0.0, f"{label} answering")
+    if not state.visible:
+        return Observation(True, 1.0, 0.0, f"{label} no longer listed by the driver")
+    age = "" if state.fast_monotonic is None else f"; last reading {window.now - state.fast_monotonic:.0f} s ago"
+    return Observation(True, 1.0, 0.0, f"{label} not answering (GPU is lost: fell off the bus or hangs){age}")
+
+
+# ------------------------------------------------------------------------------------ XID
+
+
+def _wall_now(window: Window) -> float:
+    latest = window.latest
+    return latest.taken_wall + (window.now - latest.taken_monotonic)
+
+
+def _xid_critical(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    state = window.gpu(uuid)
+    if state is None:
+        return None
+    now = _wall_now(window)
+    lookback = config["lookback_seconds"]
+    recent = sorted(
+        ((now - when, code) for code, when in state.xid_last_timestamp.items()
+         if code in CRITICAL_XIDS and now - when <= lookback),
+    )
+    label = gpu_label(window, uuid)
+    if not recent:
+        return Observation(False, None, lookback, f"{label} no critical XID in the last {lookback / 60:.0f} min")
+    age, code = recent[0]
+    others = "" if len(recent) == 1 else f" (also XID {', '.join(str(c) for _, c in recent[1:])})"
+    count = state.xid_counts.get(code, 0)
+    return Observation(True, float(code), lookback,
+                       f"{label} XID {code} ({CRITICAL_XIDS[code]}) {max(0.0, age) / 60:.0f} min ago, "
+                       f"{count} since start{others}")
+
+
+# ------------------------------------------------------------------------------------ memory
+
+
+def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = _slow(window, uuid)
+    if slow is None:
+        return None
+    count = slow.ecc_errors.get(("uncorrected", "volatile"))
+    if count is None:
+        return None
+    total = slow.ecc_errors.get(("uncorrected", "aggregate"))
+    lifetime = "" if total is None else f" ({total} over its lifetime)"
+    return Observation(count >= config["min_count"], float(count), config["min_count"],
+                       f"{gpu_label(window, uuid)} {count} uncorrectable ECC errors since the last driver load "
+                       f"or GPU reset{lifetime}")
+
+
+def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str, RuleConfig], Observation | None]:
+    def evaluate(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+        slow = _slow(window, uuid)
+        flag = None if slow is None else getattr(slow, field)
+        if flag is None:
+            return None
+        return Observation(bool(flag), float(flag), 1.0,
+                           f"{gpu_label(window, uuid)} {text_on if flag else text_off}")
+
+    return evaluate
+
+
+# ------------------------------------------------------------------------------------ PCIe
+
+
+def _busy(sample: FastSample | None, config: RuleConfig) -> bool | None:
+    if sample is None:
+        return None
+    util = sample.utilization_ratio.get("gpu")
+    return None if util is None else util >= config["busy_utilization_ratio"]
+
+
+def _sample_near(window: Window, uuid: str, when: float | None) -> FastSample | None:
+    """The fast sample closest to monotonic time ``when`` (within the fast staleness bound)."""
+    if when is None:
+        return None
+    best: tuple[float, FastSample] | None = None
+    for t, sample in window.series(uuid, window.now - when + window.fast_staleness):
+        gap = abs(t - when)
+        if gap <= window.fast_staleness and (best is None or gap < best[0]):
+            best = (gap, sample)
+    return None if best is None else best[1]
+
+
+def _pcie_link_degraded(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    state = _up_state(window, uuid)
+    slow = None if state is None else state.slow
+    fast = window.fast(uuid)
+    if state is None or slow is None or fast is None:
+        return None
+    gen, width = slow.pcie_link_generation, slow.pcie_link_width
+    parts = []
+    if "current" in gen and "max" in gen and gen["current"] < gen["max"]:
+        parts.append(("generation", gen["current"], gen["max"]))
+    if "current" in width and "max" in width and width["current"] < width["max"]:
+        parts.append(("width", width["current"], width["max"]))
+    if not gen and not width:
+        return None
+    # Idle GPUs downshift on purpose: only a link that was slow while the GPU was busy, both when
+    # the link was read (slow tier) and now, counts.
+    busy_now = _busy(fast, config)
+    busy_then = _busy(_sample_near(window, uuid, state.slow_monotonic), config)
+    if busy_now is None:
+        return None
+    link = f"gen {gen.get('current', '?')} x{width.get('current', '?')}"
+    best = f"gen {gen.get('max', '?')} x{width.get('max', '?')}"
+    label = gpu_label(window, uuid)
+    if not parts:
+        return Observation(False, float(width.get("current", 0)), float(width.get("max", 0)),
+                           f"{label} PCIe link at {link} (max {best})")
+    name, current, maximum = parts[-1]  # width first: lanes lost are the worse sign
+    active = bool(busy_now and busy_then)
+    if active:
+        state_text = "while busy"
+    elif busy_now:
+        state_text = "read while the GPU was not busy yet"
+    else:
+        state_text = "while idle (a downshift on purpose)"
+    return Observation(active, float(current), float(maximum),
+                       f"{label} PCIe link at {link} {state_text} (max {best})")
+
+
+def _replays_increase(points: list[tuple[float, int]]) -> int:
+    increase = 0
+    for (_, before), (_, after) in zip(points, points[1:]):
+        increase += after - before if after >= before else after  # a reset: count from 0
+    return increase
+
+
+def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = _slow(window, uuid)
+    if slow is None or slow.pcie_replays is None:
+        return None
+    label = gpu_label(window, uuid)
+    lookback, per_minute = config["lookback_seconds"], config["min_per_minute"]
+    points = [(t, s.pcie_replays) for t, s in window.slow_series(uuid, lookback) if s.pcie_replays is not None]
+    if len(points) < 2 or points[-1][0] - points[0][0] < lookback / 5:
+        return None
+    span = points[-1][0] - points[0][0]
+    rate = _replays_increase(points) / span * 60.0
+    return Observation(rate >= per_minute, rate, per_minute,
+                       f"{label} {rate:.1f} PCIe replays a minute over the last {span / 60:.0f} min "
+                       f"({slow.pcie_replays} since the last reset)")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="gpu_lost",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=10.0,
+        clear_seconds=30.0,
+        condition="The GPU does not answer (NVML GPU_IS_LOST) or is no longer listed, while the "
+                  "backend itself is up.",
+        evaluate=_gpu_lost,
+    ),
+    Rule(
+        id="xid_critical",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=0.0,
+        clear_seconds=0.0,
+        condition="The last XID event of a code on the critical list (48, 62, 64, 74, 79, 95, 119, "
+                  "120, 140) happened within the lookback.",
+        evaluate=_xid_critical,
+        params={"lookback_seconds": 900.0},
+        applies=needs("xid_events"),
+    ),
+    Rule(
+        id="ecc_uncorrectable",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=0.0,
+        clear_seconds=60.0,
+        condition="The volatile uncorrectable ECC count (since the last driver load or GPU reset) is "
+                  "at least min_count.",
+        evaluate=_ecc_uncorrectable,
+        params={"min_count": 1.0},
+        applies=needs("ecc"),
+    ),
+    Rule(
+        id="row_remap_failed",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=0.0,
+        clear_seconds=60.0,
+        condition="The driver reports that a memory row remapping failed.",
+        evaluate=_flag_rule("remapped_rows_failed", "row remapping failed: the memory cannot be repaired",
+                            "no row remapping failure"),
+        applies=needs("remapped_rows"),
+    ),
+    Rule(
+        id="row_remap_pending",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=0.0,
+        clear_seconds=60.0,
+        condition="A memory row remap is pending and needs a GPU reset to take effect.",
+        evaluate=_flag_rule("remapped_rows_pending", "row remap pending: reset the GPU when it is drained",
+                            "no row remap pending"),
+        applies=needs("remapped_rows"),
+    ),
+    Rule(
+        id="retired_pages_pending",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=0.0,
+        clear_seconds=60.0,
+        condition="A memory page is marked for retirement, which takes effect at the next reboot or "
+                  "driver reload.",
+        evaluate=_flag_rule("retired_pages_pending", "page retirement pending: reboot when drained",
+                            "no page retirement pending"),
+        applies=needs("retired_pages"),
+    ),
+    Rule(
+        id="pcie_link_degraded",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=60.0,
+        clear_seconds=60.0,
+        condition="The PCIe link runs below its maximum generation or width while the GPU is busy "
+                  "(when the link was read and now); idle downshifts are ignored.",
+        evaluate=_pcie_link_degraded,
+        params={"busy_utilization_ratio": 0.5},
+        applies=needs("pcie", "utilization"),
+    ),
+    Rule(
+        id="pcie_replays_rising",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=0.0,
+        clear_seconds=60.0,
+        condition="The PCIe replay counter grows by at least min_per_minute over the lookback "
+                  "(approximation until the engine keeps slow samples: the count since the last reset "
+                  "reaches min_per_minute × lookback).",
+        evaluate=_pcie_replays_rising,
+        params={"lookback_seconds": 300.0, "min_per_minute": 8.0},
+        applies=needs("pcie"),
+    ),
+)

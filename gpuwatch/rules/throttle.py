@@ -1,0 +1,106 @@
+"""Power and clock rules: power brake, unexplained HW slowdown, running at the power cap.
+
+The clock-event reason bits are sampled once a poll, and HW slowdown "may also flash briefly
+during P-state/clock changes" (nvml.md §5), so these rules look at the share of a window rather
+than at one sample; where the GPU has the cumulative throttle-time counters they are used too,
+since they miss nothing between two polls.
+"""
+
+from __future__ import annotations
+
+from gpuwatch.model import Observation
+from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
+from gpuwatch.rules.thermal import counter_share, gpu_label, sample_share
+
+
+def _power_brake(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    fast = window.fast(uuid)
+    if fast is None:
+        return None
+    span = config["window_seconds"]
+    reason = ("hw_power_brake_slowdown",)
+    share = counter_share(window, uuid, reason, span)
+    if share is None:
+        share = sample_share(window, uuid, reason, span)
+    now = fast.clocks_event_active.get("hw_power_brake_slowdown", False)
+    active = now or (share is not None and share >= config["min_share"])
+    share_text = "" if share is None else f", {share * 100:.0f}% of the last {span:.0f} s"
+    clock = fast.clock_hertz.get("graphics")
+    clock_text = "" if clock is None else f"; graphics clock {clock / 1e6:.0f} MHz"
+    state = "active" if now else "not active now"
+    return Observation(active, share if share is not None else float(now), config["min_share"],
+                       f"{gpu_label(window, uuid)} HW power brake {state}{share_text}{clock_text}")
+
+
+def _hw_slowdown(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    fast = window.fast(uuid)
+    if fast is None:
+        return None
+    span = config["window_seconds"]
+    share = sample_share(window, uuid, ("hw_slowdown",), span,
+                         unless=("hw_thermal_slowdown", "hw_power_brake_slowdown"))
+    if share is None:
+        return None
+    clock = fast.clock_hertz.get("graphics")
+    clock_text = "" if clock is None else f"; graphics clock {clock / 1e6:.0f} MHz"
+    return Observation(share >= config["min_share"], share, config["min_share"],
+                       f"{gpu_label(window, uuid)} HW slowdown (neither thermal nor power brake) in "
+                       f"{share * 100:.0f}% of the polls of the last {span:.0f} s{clock_text}")
+
+
+def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    fast = window.fast(uuid)
+    if fast is None:
+        return None
+    span = config["window_seconds"]
+    share = sample_share(window, uuid, ("sw_power_cap",), span)
+    if share is None:
+        return None
+    slow = window.slow(uuid)
+    limit = None if slow is None else slow.power_limit_watts.get("enforced")
+    power = fast.power_watts
+    draw = "" if power is None else f" at {power:.0f} W"
+    cap = "" if limit is None else f" of its {limit:.0f} W limit"
+    return Observation(share >= config["min_share"], share, config["min_share"],
+                       f"{gpu_label(window, uuid)} power-capped{draw}{cap} in {share * 100:.0f}% of the polls "
+                       f"of the last {span:.0f} s")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="power_brake",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=10.0,
+        clear_seconds=60.0,
+        condition="The external HW power brake (PSU or BMC assertion) holds the clocks down now, or "
+                  "held them down for at least the given share of the window.",
+        evaluate=_power_brake,
+        params={"window_seconds": 30.0, "min_share": 0.10},
+        applies=needs("clocks_event_reasons"),
+    ),
+    Rule(
+        id="hw_slowdown",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=30.0,
+        clear_seconds=60.0,
+        condition="HW slowdown without HW thermal slowdown or power brake (fast-trigger over-power or "
+                  "unknown) in at least half of the polls of the window.",
+        evaluate=_hw_slowdown,
+        params={"window_seconds": 30.0, "min_share": 0.5},
+        applies=needs("clocks_event_reasons"),
+    ),
+    Rule(
+        id="power_capped",
+        scope="gpu",
+        severity="info",
+        hold_seconds=60.0,
+        clear_seconds=120.0,
+        condition="SW power capping holds the clocks down in at least half of the polls of the window "
+                  "(normal at full load).",
+        evaluate=_power_capped,
+        params={"window_seconds": 60.0, "min_share": 0.5},
+        applies=needs("clocks_event_reasons"),
+    ),
+)

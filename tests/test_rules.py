@@ -1,0 +1,585 @@
+"""Each rule on synthetic windows: its condition, its edge cases, and where it does not apply.
+
+Windows are built directly from GpuStates and FastSamples (gpuwatch.testing builders, H200 values
+from the captures unless a test says otherwise); a few tests feed sequences of snapshots through
+the Engine to pin down what hold and clear do with flashes and noise.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuwatch.model import (
+    FEATURES,
+    GpuState,
+    NodeSnapshot,
+    Observation,
+    TierState,
+)
+from gpuwatch.rules import all_rules
+from gpuwatch.rules.base import Window
+from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.rules.health import CRITICAL_XIDS
+from gpuwatch.rules.thermal import project_seconds_to, slowdown_headroom
+from gpuwatch.testing import H200_FEATURES, fan, fast_sample, identity, slow_sample
+
+NOW = 5000.0
+WALL = 1_700_000_000.0
+RULES = {rule.id: rule for rule in all_rules()}
+RTX_FEATURES = {f: f not in ("memory_temperature", "temperature_margin", "remapped_rows", "retired_pages")
+                for f in FEATURES}
+IDLE_EVENTS = {"gpu_idle": True, "sw_power_cap": False, "hw_slowdown": False, "sw_thermal_slowdown": False,
+               "hw_thermal_slowdown": False, "hw_power_brake_slowdown": False}
+BUSY_EVENTS = {**IDLE_EVENTS, "gpu_idle": False}
+
+
+def uuid_of(index: int) -> str:
+    return identity(index).uuid
+
+
+def rtx_fast(temperature=65.0, speed=0.65, target=0.65, rpm=3120.0, **overrides):
+    """A busy RTX 6000 Ada-like sample: one blower fan, absolute thresholds, no margin."""
+    values = dict(temperature_celsius=temperature, memory_temperature_celsius=None,
+                  temperature_margin_celsius=None, fans=(fan(0, speed, target, rpm),), power_watts=300.0,
+                  utilization_ratio={"gpu": 1.0, "memory": 0.3, "encoder": 0.0, "decoder": 0.0},
+                  clocks_event_active=dict(BUSY_EVENTS), clocks_event_seconds={})
+    values.update(overrides)
+    return fast_sample(**values)
+
+
+def rtx_slow(**overrides):
+    values = dict(temperature_threshold_celsius={"shutdown": 100.0, "slowdown": 95.0, "gpu_max": 90.0},
+                  temperature_margin_threshold_celsius={}, remapped_rows={}, remapped_rows_pending=None,
+                  remapped_rows_failed=None,
+                  power_limit_watts={"enforced": 300.0, "default": 300.0, "min": 100.0, "max": 300.0},
+                  pcie_link_generation={"current": 4, "max": 4}, pcie_link_width={"current": 16, "max": 16})
+    values.update(overrides)
+    return slow_sample(**values)
+
+
+def h200_fast(temperature=52.0, **overrides):
+    """A busy H200 (the capture under load: 52 °C, margin 35, 627 W)."""
+    values = dict(temperature_celsius=temperature, temperature_margin_celsius=87.0 - temperature,
+                  memory_temperature_celsius=41.0, power_watts=627.0,
+                  utilization_ratio={"gpu": 1.0, "memory": 0.07, "encoder": 0.0, "decoder": 0.0},
+                  clocks_event_active=dict(BUSY_EVENTS))
+    values.update(overrides)
+    return fast_sample(**values)
+
+
+def gpu(index=0, fast=None, slow=None, *, features=None, up=True, age=0.0, slow_age=0.0, **overrides) -> GpuState:
+    fast = h200_fast() if fast is None else fast
+    slow = slow_sample() if slow is None else slow
+    return GpuState(identity=identity(index, **overrides.pop("ident", {})),
+                    features=dict(features or H200_FEATURES), up=up, fast=fast, fast_monotonic=NOW - age,
+                    slow=slow, slow_monotonic=NOW - slow_age, **overrides)
+
+
+def snapshot(*gpus: GpuState, backend_up=True, reason=None, tiers=None, visible=None) -> NodeSnapshot:
+    if tiers is None:
+        tiers = {"fast": TierState(True, 0.01, WALL, NOW), "slow": TierState(True, 0.01, WALL, NOW)}
+    return NodeSnapshot(generation=1, backend="scripted", backend_up=backend_up, backend_reason=reason,
+                        driver=None, gpus=tuple(gpus), tiers=tiers,
+                        visible_gpus=sum(g.visible for g in gpus) if visible is None else visible,
+                        taken_monotonic=NOW, taken_wall=WALL)
+
+
+def window(snap: NodeSnapshot, history=None, now=None, expected=0) -> Window:
+    """A window over ``snap``; ``history`` maps GPU index -> [(seconds before NOW, sample)]."""
+    hist = {}
+    for index, items in (history or {}).items():
+        hist[uuid_of(index)] = sorted((NOW - ago, sample) for ago, sample in items)
+    for state in snap.gpus:  # the latest sample is part of the history, as the engine keeps it
+        if state.up and state.fast is not None:
+            series = hist.setdefault(state.identity.uuid, [])
+            if not series or series[-1][0] != state.fast_monotonic:
+                series.append((state.fast_monotonic, state.fast))
+    return Window(snap, hist, fast_staleness=6.0, expected_gpus=expected, now=now)
+
+
+def evaluate(rule_id: str, win: Window, index: int | None = 0, **params) -> Observation | None:
+    rule = RULES[rule_id]
+    config = build_configs(list(RULES.values()), {rule_id: params} if params else None)[rule_id]
+    if rule.scope == "node":
+        return rule.evaluate(win, config)
+    return rule.evaluate(win, uuid_of(index), config)
+
+
+def steady(sample, seconds=120, every=2.0):
+    """The same sample every ``every`` seconds over the last ``seconds``."""
+    return [(ago, sample) for ago in _agos(seconds, every)]
+
+
+def _agos(seconds, every=2.0):
+    return [seconds - i * every for i in range(int(seconds / every) + 1)]
+
+
+# ---------------------------------------------------------------------------------------- catalogue
+
+
+def test_every_rule_is_documented_with_sane_defaults():
+    """Stable snake_case ids, one-sentence conditions, a known severity, non-negative hold/clear."""
+    for rule in RULES.values():
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", rule.id), rule.id
+        assert rule.scope in ("gpu", "node")
+        assert rule.severity in ("critical", "warning", "info")
+        assert rule.hold_seconds >= 0 and rule.clear_seconds >= 0
+        assert rule.condition.endswith(".") and rule.condition.count(". ") == 0, rule.id
+    assert RULES["power_capped"].severity == "info"
+    assert {r.id for r in RULES.values() if r.scope == "node"} == {"backend_down", "collection_stalled",
+                                                                    "gpu_missing"}
+
+
+def test_docs_list_every_rule_with_its_defaults():
+    """docs/rules.md has a row per rule with its severity, hold and clear, and names every parameter."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    for rule in RULES.values():
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{rule.id}` |")), None)
+        assert row is not None, rule.id
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == rule.severity, rule.id
+        assert cells[4] == f"{rule.hold_seconds:g} s" and cells[5] == f"{rule.clear_seconds:g} s", rule.id
+        for param, value in rule.params.items():
+            assert f"`{param}`" in text, (rule.id, param)
+
+
+def test_rules_that_need_a_reading_do_not_apply_where_it_is_unsupported():
+    """No fan rules on a fanless H200, no retired pages on an H200, no remapped rows on an RTX 6000."""
+    h200, rtx = gpu(0), gpu(0, rtx_fast(), rtx_slow(), features=RTX_FEATURES)
+    for rule_id in ("fan_stalled", "fan_not_tracking", "fan_at_max", "retired_pages_pending"):
+        assert not RULES[rule_id].applies(h200), rule_id
+    for rule_id in ("fan_stalled", "fan_not_tracking", "fan_at_max"):
+        assert RULES[rule_id].applies(rtx), rule_id
+    for rule_id in ("row_remap_failed", "row_remap_pending"):
+        assert RULES[rule_id].applies(h200) and not RULES[rule_id].applies(rtx)
+    no_util = gpu(0, features={**H200_FEATURES, "utilization": False})  # MIG
+    assert not RULES["pcie_link_degraded"].applies(no_util)
+
+
+def test_engine_evaluates_fan_rules_only_on_gpus_with_fans():
+    """On a node with one fanless and one fanned GPU, fan anomalies exist for the fanned one only."""
+    snap = snapshot(gpu(0), gpu(1, rtx_fast(), rtx_slow(), features=RTX_FEATURES))
+    anomalies = Engine(all_rules(), build_configs(all_rules(), None), 6.0).evaluate(snap)
+    fan_gpus = {a.gpu for a in anomalies if a.rule.startswith("fan_")}
+    assert fan_gpus == {"1"}
+
+
+FAST_RULES = ("fan_stalled", "fan_not_tracking", "fan_at_max", "overheating", "thermal_runaway",
+              "thermal_throttling", "thermal_outlier", "power_brake", "hw_slowdown", "power_capped",
+              "pcie_link_degraded")
+
+
+def test_stale_samples_mean_cannot_tell():
+    """A GPU whose fast sample is older than the staleness bound gives None, not a verdict, so an
+    anomaly neither starts nor ends on data that is no longer true."""
+    stale = snapshot(gpu(0, rtx_fast(speed=0.0, rpm=0.0, target=0.8), rtx_slow(), features=RTX_FEATURES, age=30))
+    for rule_id in FAST_RULES:
+        assert evaluate(rule_id, window(stale)) is None, rule_id
+
+
+# ---------------------------------------------------------------------------------------- fans
+
+
+def rtx(fast, **kwargs) -> Window:
+    return window(snapshot(gpu(0, fast, rtx_slow(), features=RTX_FEATURES)), **kwargs)
+
+
+def test_fan_stalled_when_the_driver_asks_for_speed_and_it_does_not_turn():
+    """0 RPM while the target is 80 %: fires, with a one-line summary naming GPU, fan and numbers."""
+    obs = evaluate("fan_stalled", rtx(rtx_fast(temperature=70, speed=0.0, target=0.8, rpm=0.0)))
+    assert obs == Observation(True, 0.0, 200.0, "GPU 0 fan 0 at 0% (0 RPM) while the driver asks for 80%")
+
+
+def test_fan_stalled_prefers_rpm_over_the_reported_intended_speed():
+    """NVML's speed is the intended speed on many boards: RPM decides where it is reported."""
+    blocked = rtx_fast(speed=0.8, target=0.8, rpm=0.0)  # speed still says 80 %, the fan is blocked
+    assert evaluate("fan_stalled", rtx(blocked)).active
+    spinning = rtx_fast(speed=0.0, target=0.8, rpm=3800.0)
+    assert not evaluate("fan_stalled", rtx(spinning)).active
+    no_rpm = rtx_fast(speed=0.02, target=0.8, rpm=None)
+    assert evaluate("fan_stalled", rtx(no_rpm)).active
+
+
+def test_fan_stalled_ignores_zero_rpm_idle_mode_but_not_a_warm_gpu():
+    """Fans stopped on purpose at idle (target 0, cool GPU) are fine; a stopped fan on a GPU within
+    30 °C of slowdown fires even when no target is reported or the target is 0 (manual policy)."""
+    assert not evaluate("fan_stalled", rtx(rtx_fast(temperature=38, speed=0.0, target=0.0, rpm=0.0))).active
+    warm = evaluate("fan_stalled", rtx(rtx_fast(temperature=70, speed=0.0, target=0.0, rpm=0.0)))
+    assert warm.active and "25 °C below slowdown" in warm.summary
+    no_target = rtx_fast(temperature=70, speed=0.0, target=None, rpm=0.0)
+    assert evaluate("fan_stalled", rtx(no_target)).active
+
+
+def test_fan_not_tracking_uses_the_median_gap_over_its_window():
+    """A sustained gap fires; one odd sample neither fires nor ends it; a stopped fan is left to
+    fan_stalled."""
+    good, lagging = rtx_fast(speed=0.65, target=0.66), rtx_fast(speed=0.30, target=0.85, rpm=1440.0)
+    assert not evaluate("fan_not_tracking", rtx(good, history={0: steady(good)})).active
+    obs = evaluate("fan_not_tracking", rtx(lagging, history={0: steady(lagging)}))
+    assert obs.active and obs.value == pytest.approx(0.55) and "fan 0 at 30% while its target is 85%" in obs.summary
+    one_odd = {0: steady(good, 30)[:-1]}
+    assert not evaluate("fan_not_tracking", rtx(lagging, history=one_odd)).active
+    one_good = {0: steady(lagging, 30)[:-1]}
+    assert evaluate("fan_not_tracking", rtx(good, history=one_good)).active
+    stopped = rtx_fast(speed=0.0, target=0.8, rpm=0.0)
+    assert not evaluate("fan_not_tracking", rtx(stopped, history={0: steady(stopped)})).active
+
+
+def test_fan_at_max_only_when_the_gpu_is_still_near_slowdown():
+    """100 % fan at 88 °C (7 °C under a 95 °C slowdown) fires; 100 % fan at 70 °C or 60 % fan at
+    88 °C do not."""
+    assert evaluate("fan_at_max", rtx(rtx_fast(temperature=88, speed=1.0, target=1.0, rpm=4800.0))).active
+    assert not evaluate("fan_at_max", rtx(rtx_fast(temperature=70, speed=1.0, target=1.0, rpm=4800.0))).active
+    assert not evaluate("fan_at_max", rtx(rtx_fast(temperature=88, speed=0.6, target=0.6))).active
+
+
+# ---------------------------------------------------------------------------------------- thermal
+
+
+def test_headroom_prefers_the_t_limit_margin():
+    """H200: margin 35 and slowdown at T.Limit −2 give 37 °C headroom and an 89 °C slowdown; where
+    both scales exist the margin wins; absolute thresholds are used otherwise."""
+    assert slowdown_headroom(h200_fast(52.0), slow_sample()) == (37.0, 89.0)
+    both = slow_sample(temperature_threshold_celsius={"slowdown": 80.0})
+    assert slowdown_headroom(h200_fast(52.0), both) == (37.0, 89.0)
+    assert slowdown_headroom(rtx_fast(65.0), rtx_slow()) == (30.0, 95.0)
+    assert slowdown_headroom(rtx_fast(65.0), slow_sample(temperature_margin_threshold_celsius={})) == (None, None)
+
+
+@pytest.mark.parametrize("fast,slow,active", [
+    (h200_fast(84.0), slow_sample(), True),  # margin 3, T.Limit slowdown −2: 5 °C left
+    (h200_fast(83.0), slow_sample(), False),  # 6 °C left
+    (rtx_fast(91.0), rtx_slow(), True),  # 4 °C under 95
+    (rtx_fast(88.0), rtx_slow(), False),  # 88 °C is fine on a 95 °C part: no fixed 85 °C limit
+    (rtx_fast(86.0), rtx_slow(temperature_threshold_celsius={"slowdown": 97.0}), False),  # RTX 2080 SUPER
+    (rtx_fast(80.0), rtx_slow(temperature_threshold_celsius={"slowdown": 84.0}), True),
+])
+def test_overheating_is_relative_to_the_gpus_own_slowdown_threshold(fast, slow, active):
+    """Fires within 5 °C of the GPU's own slowdown threshold, whatever its absolute value."""
+    win = window(snapshot(gpu(0, fast, slow)))
+    assert evaluate("overheating", win).active is active
+
+
+def test_overheating_of_the_memory_where_it_has_a_limit():
+    """Memory within 5 °C of an absolute memory maximum fires with a memory summary; without an
+    absolute memory limit (H200 gives only T.Limit 0) only the GPU is judged."""
+    slow = slow_sample(temperature_threshold_celsius={"memory_max": 95.0})
+    obs = evaluate("overheating", window(snapshot(gpu(0, h200_fast(60.0, memory_temperature_celsius=92.0), slow))))
+    assert obs.active and obs.summary == "GPU 0 memory at 92 °C, 3 °C below its 95 °C maximum"
+    hot_memory = h200_fast(60.0, memory_temperature_celsius=92.0)
+    assert not evaluate("overheating", window(snapshot(gpu(0, hot_memory, slow_sample())))).active
+    no_thresholds = slow_sample(temperature_margin_threshold_celsius={})
+    assert evaluate("overheating", window(snapshot(gpu(0, h200_fast(60.0), no_thresholds)))) is None
+
+
+def test_project_seconds_to_slowdown():
+    """Linear when the rise does not slow down; Aitken's plateau when it does."""
+    assert project_seconds_to(89.0, 80.0, [70.0, 73.0, 76.0], 20.0) == pytest.approx((89 - 80) / (3 / 20))
+    # a first-order approach to 84 °C (below 89): never
+    plateau = 84.0
+    means = [plateau - 12 * math.exp(-k / 3) for k in range(3)]
+    assert project_seconds_to(89.0, means[-1], means, 20.0) == math.inf
+    # the same shape heading to 100 °C: reaches 89 on the exponential, later than linearly
+    means = [100.0 - 30 * math.exp(-k / 3) for k in range(3)]
+    exponential = project_seconds_to(89.0, means[-1], means, 20.0)
+    assert exponential == pytest.approx(60 * math.log((100 - means[-1]) / 11), rel=1e-6)
+    assert project_seconds_to(89.0, 70.0, [72.0, 71.0, 70.0], 20.0) == math.inf  # cooling
+    assert project_seconds_to(89.0, 90.0, [86.0, 88.0, 90.0], 20.0) == 0.0  # already there
+
+
+def _temperature_trace(fn, seconds=60, every=2.0):
+    return {0: [(ago, h200_fast(float(round(fn(-ago))))) for ago in _agos(seconds, every)]}
+
+
+def test_thermal_runaway_fires_on_a_sustained_rise_toward_slowdown():
+    """An H200 at 78 °C climbing 6 °C/min is projected to reach 89 °C within 3 minutes: fires."""
+    history = _temperature_trace(lambda t: 78 + 0.1 * t)
+    obs = evaluate("thermal_runaway", window(snapshot(gpu(0, h200_fast(78.0))), history=history))
+    assert obs.active and obs.value == pytest.approx(110, abs=10)
+    assert re.fullmatch(r"GPU 0 at 78 °C rising 6\.\d °C/min: projected to reach its 89 °C slowdown threshold "
+                        r"in 1\.\d min", obs.summary)
+
+
+def test_thermal_runaway_ignores_warming_up_to_a_plateau_and_rises_far_from_slowdown():
+    """A job start warming the GPU toward a steady 80 °C (levelling off) does not fire, nor a fast
+    rise at 50 °C (outside the 15 °C watch margin), nor too little history."""
+    levelling = _temperature_trace(lambda t: 80 - 12 * math.exp(-(t + 60) / 40))
+    temp = levelling[0][-1][1].temperature_celsius
+    assert not evaluate("thermal_runaway", window(snapshot(gpu(0, h200_fast(temp))), history=levelling)).active
+    far = _temperature_trace(lambda t: 50 + 0.3 * t)
+    assert not evaluate("thermal_runaway", window(snapshot(gpu(0, h200_fast(50.0))), history=far)).active
+    short = {0: _temperature_trace(lambda t: 78 + 0.1 * t)[0][-5:]}
+    assert evaluate("thermal_runaway", window(snapshot(gpu(0, h200_fast(78.0))), history=short)) is None
+
+
+def test_thermal_throttling_from_bits_or_counters():
+    """A thermal slowdown bit now fires; so does 20 % thermal throttle time over the window from the
+    counters with no bit set at this instant; 5 % does not."""
+    hot = h200_fast(86.0, clocks_event_active={**BUSY_EVENTS, "sw_thermal_slowdown": True})
+    obs = evaluate("thermal_throttling", window(snapshot(gpu(0, hot))))
+    assert obs.active and "sw_thermal_slowdown" in obs.summary
+
+    def counting(seconds_per_poll):
+        return {0: [(ago, h200_fast(60.0, clocks_event_seconds={"thermal": 100 + (60 - ago) / 2 * seconds_per_poll}))
+                    for ago in _agos(60)]}
+
+    latest = lambda hist: hist[0][-1][1]  # noqa: E731
+    hist = counting(0.4)
+    assert evaluate("thermal_throttling", window(snapshot(gpu(0, latest(hist))), history=hist)).active
+    hist = counting(0.1)
+    obs = evaluate("thermal_throttling", window(snapshot(gpu(0, latest(hist))), history=hist))
+    assert not obs.active and obs.value == pytest.approx(0.05)
+
+
+def test_thermal_outlier_needs_comparable_peers():
+    """At the same power, 15 °C above the median of three peers fires; with only one comparable
+    peer, or peers at idle power, or peers of another model, it cannot tell."""
+    peers = [gpu(i, h200_fast(55.0 + i, power_watts=700.0)) for i in (1, 2, 3)]
+    hot = gpu(0, h200_fast(72.0, power_watts=700.0))
+    obs = evaluate("thermal_outlier", window(snapshot(hot, *peers)))
+    assert obs.active and obs.value == 15.0 and "median of 3 peers" in obs.summary
+    assert not evaluate("thermal_outlier", window(snapshot(gpu(0, h200_fast(62.0, power_watts=700.0)), *peers))).active
+    assert evaluate("thermal_outlier", window(snapshot(hot, peers[0]))) is None
+    idle = [gpu(i, h200_fast(30.0, power_watts=77.0)) for i in (1, 2, 3)]
+    assert evaluate("thermal_outlier", window(snapshot(hot, *idle))) is None
+    other_model = [gpu(i, h200_fast(55.0, power_watts=700.0), ident={"name": "NVIDIA H100"}) for i in (1, 2, 3)]
+    assert evaluate("thermal_outlier", window(snapshot(hot, *other_model))) is None
+
+
+# ---------------------------------------------------------------------------------------- throttle
+
+
+def test_power_brake_from_the_bit_or_the_counter():
+    braked = h200_fast(clocks_event_active={**BUSY_EVENTS, "hw_slowdown": True, "hw_power_brake_slowdown": True})
+    assert evaluate("power_brake", window(snapshot(gpu(0, braked)))).active
+    hist = {0: [(ago, h200_fast(clocks_event_seconds={"hw_power_brake_slowdown": 10.0 + (30 - ago) * 0.5}))
+                for ago in _agos(30)]}
+    assert evaluate("power_brake", window(snapshot(gpu(0, hist[0][-1][1])), history=hist)).active
+    assert not evaluate("power_brake", window(snapshot(gpu(0)))).active
+
+
+def _flags(**active):
+    return h200_fast(clocks_event_active={**BUSY_EVENTS, **active})
+
+
+def test_hw_slowdown_ignores_flashes_and_explained_slowdowns():
+    """One poll in 15 with hw_slowdown (a clock change) does not fire; most polls do; HW slowdown
+    with HW thermal slowdown or the power brake belongs to those rules."""
+    calm, slowed = _flags(), _flags(hw_slowdown=True)
+    flash = {0: [(ago, slowed if ago == 14 else calm) for ago in _agos(30)]}
+    assert not evaluate("hw_slowdown", window(snapshot(gpu(0, calm)), history=flash)).active
+    sustained = {0: steady(slowed, 30)}
+    obs = evaluate("hw_slowdown", window(snapshot(gpu(0, slowed)), history=sustained))
+    assert obs.active and obs.value == 1.0
+    for explained in (_flags(hw_slowdown=True, hw_thermal_slowdown=True),
+                      _flags(hw_slowdown=True, hw_power_brake_slowdown=True)):
+        hist = {0: steady(explained, 30)}
+        assert not evaluate("hw_slowdown", window(snapshot(gpu(0, explained)), history=hist)).active
+
+
+def _engine_run(samples, rule_id, every=2.0):
+    """Feed one GPU's samples, one poll each, through the engine; (time, firing) per poll."""
+    rules = [RULES[rule_id]]
+    engine = Engine(rules, build_configs(rules, None), 6.0)
+    out = []
+    for i, sample in enumerate(samples):
+        t = 1000.0 + i * every
+        state = GpuState(identity=identity(0), features=dict(H200_FEATURES), up=True, fast=sample,
+                         fast_monotonic=t, slow=slow_sample(), slow_monotonic=t)
+        snap = NodeSnapshot(i, "scripted", True, None, None, (state,), {}, 1, t, WALL + t)
+        (anomaly,) = engine.evaluate(snap)
+        out.append((t - 1000.0, anomaly.firing))
+    return out
+
+
+def test_hw_slowdown_flashes_never_fire_through_the_engine_but_a_sustained_one_does():
+    """A flash every 20 s for 10 minutes never fires; a sustained slowdown fires within the time
+    for half the window to fill plus the hold."""
+    calm, slowed = _flags(), _flags(hw_slowdown=True)
+    flashes = [slowed if i % 10 == 0 else calm for i in range(300)]
+    assert not any(firing for _, firing in _engine_run(flashes, "hw_slowdown"))
+    sustained = [calm] * 30 + [slowed] * 60
+    first = next(t for t, firing in _engine_run(sustained, "hw_slowdown") if firing)
+    hold = RULES["hw_slowdown"].hold_seconds
+    assert 60 + hold <= first <= 60 + 16 + hold + 4
+
+
+def test_power_capped_is_info_and_fires_at_the_cap():
+    capped = _flags(sw_power_cap=True)
+    obs = evaluate("power_capped", window(snapshot(gpu(0, capped)), history={0: steady(capped, 60)}))
+    assert obs.active and "of its 700 W limit" in obs.summary
+    assert RULES["power_capped"].severity == "info"
+
+
+# ---------------------------------------------------------------------------------------- health
+
+
+def test_gpu_lost_only_while_the_backend_is_up():
+    """A GPU that stopped answering or vanished from discovery fires; with the backend down nobody
+    can tell (backend_down says so)."""
+    lost = gpu(1, up=False, age=12)
+    obs = evaluate("gpu_lost", window(snapshot(gpu(0), lost)), index=1)
+    assert obs.active and "not answering" in obs.summary and "last reading 12 s ago" in obs.summary
+    gone = gpu(1, up=False, visible=False)
+    assert "no longer listed" in evaluate("gpu_lost", window(snapshot(gpu(0), gone)), index=1).summary
+    assert not evaluate("gpu_lost", window(snapshot(gpu(0))), index=0).active
+    assert evaluate("gpu_lost", window(snapshot(lost, backend_up=False)), index=1) is None
+
+
+def test_xid_critical_fires_for_allowlisted_codes_within_the_lookback():
+    """XID 79 two minutes ago fires; the same an hour ago does not; evaluated on the timer the age
+    counts from the evaluation time, not from the snapshot."""
+    recent = gpu(0, xid_counts={79: 1}, xid_last_timestamp={79: WALL - 120})
+    obs = evaluate("xid_critical", window(snapshot(recent)))
+    assert obs.active and obs.value == 79.0
+    assert obs.summary == "GPU 0 XID 79 (GPU has fallen off the bus) 2 min ago, 1 since start"
+    old = gpu(0, xid_counts={79: 1}, xid_last_timestamp={79: WALL - 3600})
+    assert not evaluate("xid_critical", window(snapshot(old))).active
+    assert not evaluate("xid_critical", window(snapshot(recent), now=NOW + 900)).active
+
+
+@pytest.mark.parametrize("code", [13, 31, 43, 45, 63, 94])
+def test_application_xids_never_fire(code):
+    """Application faults (13, 31, 43, 45) and the informational 63 / contained 94 are not critical."""
+    state = gpu(0, xid_counts={code: 50}, xid_last_timestamp={code: WALL - 1})
+    assert not evaluate("xid_critical", window(snapshot(state))).active
+
+
+def test_critical_xid_allowlist():
+    assert set(CRITICAL_XIDS) == {48, 62, 64, 74, 79, 95, 119, 120, 140}
+    assert not {13, 31, 43} & set(CRITICAL_XIDS)
+
+
+def _ecc(uncorrected_volatile, uncorrected_aggregate=None):
+    counts = {("corrected", "volatile"): 5, ("corrected", "aggregate"): 9,
+              ("uncorrected", "volatile"): uncorrected_volatile,
+              ("uncorrected", "aggregate"): uncorrected_aggregate or uncorrected_volatile}
+    return slow_sample(ecc_errors=counts)
+
+
+def test_ecc_uncorrectable_on_the_volatile_count():
+    """Uncorrectable errors since the last reset fire; only old (aggregate) ones or corrected ones
+    do not; a GPU that is down keeps its state (None)."""
+    obs = evaluate("ecc_uncorrectable", window(snapshot(gpu(0, slow=_ecc(2)))))
+    assert obs.active and obs.value == 2.0 and "(2 over its lifetime)" in obs.summary
+    assert not evaluate("ecc_uncorrectable", window(snapshot(gpu(0, slow=_ecc(0, 7))))).active
+    assert evaluate("ecc_uncorrectable", window(snapshot(gpu(0, slow=_ecc(2), up=False)))) is None
+    assert evaluate("ecc_uncorrectable", window(snapshot(gpu(0, slow=slow_sample(ecc_errors={}))))) is None
+
+
+@pytest.mark.parametrize("rule_id,field", [
+    ("row_remap_failed", "remapped_rows_failed"),
+    ("row_remap_pending", "remapped_rows_pending"),
+    ("retired_pages_pending", "retired_pages_pending"),
+])
+def test_memory_repair_flags(rule_id, field):
+    assert evaluate(rule_id, window(snapshot(gpu(0, slow=slow_sample(**{field: True}))))).active
+    assert not evaluate(rule_id, window(snapshot(gpu(0, slow=slow_sample(**{field: False}))))).active
+    assert evaluate(rule_id, window(snapshot(gpu(0, slow=slow_sample(**{field: None}))))) is None
+
+
+def _link(generation, width, maximum=(4, 16)):
+    return rtx_slow(pcie_link_generation={"current": generation, "max": maximum[0]},
+                    pcie_link_width={"current": width, "max": maximum[1]})
+
+
+def _util(value):
+    return rtx_fast(utilization_ratio={"gpu": value, "memory": 0.0, "encoder": 0.0, "decoder": 0.0})
+
+
+def test_pcie_link_degraded_only_while_busy():
+    """Gen 1 at idle (RTX 2080 SUPER capture: gen 1 idle, gen 3 under load) is a deliberate
+    downshift; x8 of x16 under load fires; a link read while idle does not fire just because the
+    GPU got busy since."""
+    def win(fast, slow, then=None, slow_age=0.0):
+        history = {0: [(slow_age, then)]} if then is not None else None
+        return window(snapshot(gpu(0, fast, slow, features=RTX_FEATURES, slow_age=slow_age)), history=history)
+
+    assert not evaluate("pcie_link_degraded", win(_util(0.0), _link(1, 16))).active
+    obs = evaluate("pcie_link_degraded", win(_util(0.97), _link(4, 8)))
+    assert obs.active and obs.summary == "GPU 0 PCIe link at gen 4 x8 while busy (max gen 4 x16)"
+    assert evaluate("pcie_link_degraded", win(_util(0.97), _link(3, 16))).active
+    assert not evaluate("pcie_link_degraded", win(_util(1.0), _link(1, 16), then=_util(0.0), slow_age=20)).active
+    assert not evaluate("pcie_link_degraded", win(_util(1.0), _link(4, 16))).active
+
+
+def test_pcie_replays_rising_rate_over_the_slow_history():
+    """10 a minute over the last 5 minutes fire, a counter that stopped does not (however high), a
+    reset counts from 0, and too short a history cannot tell."""
+
+    def with_history(counts):
+        snap = snapshot(gpu(0, slow=slow_sample(pcie_replays=counts[-1])))
+        history = {uuid_of(0): [(NOW - 30 * (len(counts) - 1 - i), slow_sample(pcie_replays=c))
+                                for i, c in enumerate(counts)]}
+        return Window(snap, {}, 6.0, slow_history=history)
+
+    rising = with_history([500 + 5 * i for i in range(11)])  # 5 per 30 s
+    obs = evaluate("pcie_replays_rising", rising)
+    assert obs.active and obs.value == pytest.approx(10.0)
+    assert not evaluate("pcie_replays_rising", with_history([500] * 11)).active
+    reset = with_history([900, 950, 0, 20, 40, 60, 80, 100, 120, 140, 160])  # a reset counts from 0
+    assert evaluate("pcie_replays_rising", reset).value == pytest.approx((50 + 160) / 5)
+    assert evaluate("pcie_replays_rising", with_history([40])) is None
+
+
+# ---------------------------------------------------------------------------------------- node
+
+
+def test_backend_down():
+    obs = evaluate("backend_down", window(snapshot(gpu(0), backend_up=False, reason="driver not loaded")), None)
+    assert obs.active and obs.summary == "backend scripted down: driver not loaded"
+    assert not evaluate("backend_down", window(snapshot(gpu(0))), None).active
+
+
+def test_collection_stalled_on_a_hung_poll():
+    """With the last fast poll 20 s ago and one in flight for 18 s, collection has stalled; 4 s ago
+    is normal; before the first poll there is nothing to say."""
+    def snap(last, in_flight=None):
+        fast_tier = TierState(True, 0.01, WALL, last, in_flight_since=in_flight)
+        return snapshot(gpu(0), tiers={"fast": fast_tier, "slow": TierState()})
+
+    obs = evaluate("collection_stalled", window(snap(NOW - 20, NOW - 18)), None)
+    assert obs.active and obs.value == 20.0 and obs.threshold == 6.0 and "(NVML call hung?)" in obs.summary
+    assert not evaluate("collection_stalled", window(snap(NOW - 4)), None).active
+    assert evaluate("collection_stalled", window(snap(None)), None) is None
+    assert evaluate("collection_stalled", window(snap(None, NOW - 30)), None).active
+
+
+def test_collection_stalled_fires_on_the_timer_while_no_snapshot_arrives():
+    """The engine run on a timer with a frozen snapshot (the poll hangs) fires after the staleness
+    bound plus the hold, and resolves once polls complete again."""
+    rules = [RULES["collection_stalled"]]
+    engine = Engine(rules, build_configs(rules, None), 6.0)
+    frozen = snapshot(gpu(0), tiers={"fast": TierState(True, 0.01, WALL, NOW, in_flight_since=NOW + 2),
+                                     "slow": TierState()})
+    firing = {t: engine.evaluate(frozen, NOW + t, WALL + t)[0].firing for t in range(0, 40, 2)}
+    first = min(t for t, f in firing.items() if f)
+    assert first == 8 + RULES["collection_stalled"].hold_seconds
+
+
+def test_gpu_missing_against_the_expected_count():
+    """7 of 8 expected GPUs fires and names the missing one; not while the backend is down."""
+    gpus = [gpu(i) for i in range(7)] + [gpu(7, up=False, visible=False)]
+    obs = evaluate("gpu_missing", window(snapshot(*gpus), expected=8), None)
+    assert obs.active and obs.summary.startswith("7 GPUs visible, 8 expected; GPU 7 (")
+    assert not evaluate("gpu_missing", window(snapshot(*gpus[:7]), expected=7), None).active
+    assert evaluate("gpu_missing", window(snapshot(*gpus, backend_up=False), expected=8), None) is None
+    assert evaluate("gpu_missing", window(snapshot(*gpus[:7]), expected=0), None) is None
+
+
+# ---------------------------------------------------------------------------------------- configuration
+
+
+def test_rules_are_configured_from_yaml_settings():
+    """The documented YAML form overrides severity, hold, clear and thresholds."""
+    configs = build_configs(all_rules(), {"fan_stalled": {"enabled": True, "severity": "warning", "hold": 30,
+                                                          "clear": 60, "stalled_rpm": 300},
+                                          "overheating": {"margin_celsius": 8}})
+    assert configs["fan_stalled"].severity == "warning"
+    assert configs["fan_stalled"].hold_seconds == 30 and configs["fan_stalled"]["stalled_rpm"] == 300
+    win = window(snapshot(gpu(0, h200_fast(81.0))))
+    assert RULES["overheating"].evaluate(win, uuid_of(0), configs["overheating"]).active
