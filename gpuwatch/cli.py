@@ -269,7 +269,12 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
                 else f"simulated {config.sim_gpus}-GPU node ({config.sim_profile}) with a tour of faults")
         print(f"gpuwatch demo: {what}; scrape {' or '.join(urls)}; Ctrl-C stops.", file=sys.stderr, flush=True)
         if sys.stdout.isatty():
-            viewer = LiveView(agent.store.snapshot, agent.clock, config.staleness("fast"), sys.stdout)
+            from gpuwatch.live import LogTail
+
+            tail = LogTail()  # log lines go under the table instead of scrolling it away
+            logs.configure(config.log_level, "console", stream=tail)  # type: ignore[arg-type]
+            viewer = LiveView(agent.store.snapshot, agent.clock, config.staleness("fast"), sys.stdout, tail)
+            viewer.draw()
             viewer.start(config.poll_interval)
     started = agent.clock.monotonic()
     ready = False
