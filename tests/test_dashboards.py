@@ -1,0 +1,557 @@
+"""The Grafana dashboards in deploy/grafana: lint-style structural checks, then every panel query run
+against a real Prometheus that scrapes two real gpuwatch processes.
+
+The structural checks follow grafana/dashboard-linter's rules (shared/reference/ecosystem-conventions.md
+§5.3); their exclusions live in the `.lint` block of deploy/grafana/README.md. The live test starts a
+simulated node with fans (`--backend simulated --sim.faults true`) and an NVML node over the fake
+library (tests/fakenvml) with the faults the fault panels exist for: a lost GPU, uncorrected ECC errors,
+a pending row remap, an XID, SW power cap + SW thermal slowdown. Prometheus 2.42 scrapes both every
+second; each target of each panel, with Grafana's variables substituted, must return data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+import fakenvml
+from daemon import Daemon, fake_env, wait_for
+from gpuwatch.exporter.catalogue import CATALOGUE
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAFANA = ROOT / "deploy" / "grafana"
+DASHBOARD_FILES = {
+    "gpuwatch-node": GRAFANA / "dashboards" / "gpuwatch-node.json",
+    "gpuwatch-fleet": GRAFANA / "dashboards" / "gpuwatch-fleet.json",
+}
+TITLES = {"gpuwatch-node": "gpuwatch / Node", "gpuwatch-fleet": "gpuwatch / Fleet"}
+DS = {"type": "prometheus", "uid": "${datasource}"}
+# Grafana unit ids (packages/grafana-data/src/valueFormats/categories.ts): the base units of gpuwatch's
+# metrics, plain numbers for counts and states, and rpm for the fan RPM gauge.
+ALLOWED_UNITS = {"celsius", "watt", "joule", "percentunit", "bytes", "hertz", "s", "none", "short", "rotrpm"}
+STANDARD_METRICS = {"up"}  # plus process_* (prometheus_client's process collector)
+PANEL_TYPES = {"timeseries", "stat", "gauge", "bargauge", "table", "state-timeline", "row"}
+
+VARIABLES = {
+    "job": "label_values(gpuwatch_gpu_info, job)",
+    "instance": 'label_values(gpuwatch_gpu_info{job=~"$job"}, instance)',
+    "gpu": 'label_values(gpuwatch_gpu_info{job=~"$job", instance=~"$instance"}, gpu)',
+}
+
+
+def load(uid: str) -> dict:
+    return json.loads(DASHBOARD_FILES[uid].read_text())
+
+
+def all_panels(dashboard: dict) -> list[dict]:
+    out = []
+    for p in dashboard["panels"]:
+        out.append(p)
+        out.extend(p.get("panels", []))  # panels of a collapsed row
+    return out
+
+
+def query_panels(dashboard: dict) -> list[dict]:
+    return [p for p in all_panels(dashboard) if p["type"] != "row"]
+
+
+def lint_exclusions() -> dict[str, set[tuple[str, str]]]:
+    """The `.lint` block of deploy/grafana/README.md: rule -> {(dashboard title, panel title)}."""
+    text = (GRAFANA / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if b.startswith("# .lint")]
+    assert len(blocks) == 1, "deploy/grafana/README.md needs exactly one ```yaml block starting with '# .lint'"
+    doc = yaml.safe_load(blocks[0])
+    out = {}
+    for rule, body in doc["exclusions"].items():
+        assert body.get("reason", "").strip(), f"lint exclusion {rule} needs a reason"
+        out[rule] = {(e["dashboard"], e["panel"]) for e in body["entries"]}
+    return out
+
+
+# ------------------------------------------------------------------------------ a small PromQL scanner
+
+TOKEN = re.compile(r"""
+    (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+  | (?P<range>\[[^\]]*\])
+  | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
+  | (?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
+  | (?P<punct>[(){},])
+  | (?P<op>==|!=|>=|<=|=~|!~|[-+*/%^<>=])
+  | (?P<ws>\s+)
+""", re.X)
+GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+KEYWORDS = {"and", "or", "unless", "bool", "offset"} | GROUPING
+AGGREGATORS = {"sum", "min", "max", "avg", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile",
+               "count_values"}
+COUNTER_FUNCTIONS = {"rate", "irate", "increase"}
+
+
+@dataclass
+class Selector:
+    metric: str
+    matchers: str  # the text between the braces, whitespace removed
+    function: str | None  # innermost enclosing function
+
+
+@dataclass
+class Range:
+    duration: str
+    function: str | None
+
+
+def scan(expr: str) -> tuple[list[Selector], list[Range]]:
+    """Metric selectors and range durations of a PromQL expression, with their enclosing function."""
+    tokens = []
+    pos = 0
+    for m in TOKEN.finditer(expr):
+        assert m.start() == pos, f"cannot tokenize {expr[pos:pos + 20]!r} in {expr!r}"
+        pos = m.end()
+        if m.lastgroup != "ws":
+            tokens.append((m.lastgroup, m.group()))
+    assert pos == len(expr), f"cannot tokenize {expr[pos:pos + 20]!r} in {expr!r}"
+    tokens.append(("end", ""))
+    selectors, ranges, stack = [], [], []
+
+    def innermost() -> str | None:
+        return next((f for f in reversed(stack) if f), None)
+
+    def skip_group(i: int) -> int:  # tokens[i] == "(": return the index after the matching ")"
+        while tokens[i][1] != ")":
+            i += 1
+        return i + 1
+
+    i = 0
+    while tokens[i][0] != "end":
+        kind, text = tokens[i]
+        following = tokens[i + 1][1]
+        if kind == "ident":
+            if text in GROUPING and following == "(":
+                i = skip_group(i + 1)
+            elif text in AGGREGATORS and following in ("by", "without"):
+                i = skip_group(i + 2)
+                assert tokens[i][1] == "(", expr
+                stack.append(text)
+                i += 1
+            elif following == "(":
+                stack.append(text)
+                i += 2
+            elif text.lower() in KEYWORDS | {"inf", "nan"}:
+                i += 1
+            else:
+                i += 1
+                matchers = ""
+                if tokens[i][1] == "{":
+                    start = i + 1
+                    while tokens[i][1] != "}":
+                        i += 1
+                    matchers = "".join(t for _, t in tokens[start:i])
+                    i += 1
+                selectors.append(Selector(text, matchers, innermost()))
+        elif kind == "range":
+            ranges.append(Range(text[1:-1], innermost()))
+            i += 1
+        elif text == "(":
+            stack.append(None)
+            i += 1
+        elif text == ")":
+            stack.pop()
+            i += 1
+        else:
+            assert text != "{", f"selector without a metric name in {expr!r}"
+            i += 1
+    assert not stack, f"unbalanced parentheses in {expr!r}"
+    return selectors, ranges
+
+
+def test_scanner_understands_the_constructs_the_dashboards_use():
+    sels, ranges = scan('topk(10, sum by (job, instance) (rate(a_total{job=~"$job"}[$__rate_interval]))) '
+                        '* on(instance, uuid) group_left(name) b{x="y"} or vector(0)')
+    assert [(s.metric, s.function) for s in sels] == [("a_total", "rate"), ("b", None)]
+    assert sels[1].matchers == 'x="y"'
+    assert [(r.duration, r.function) for r in ranges] == [("$__rate_interval", "rate")]
+
+
+# ---------------------------------------------------------------------------------- structural checks
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARD_FILES))
+def test_dashboard_model(uid):
+    text = DASHBOARD_FILES[uid].read_text()
+    d = json.loads(text)
+    assert d["uid"] == uid
+    assert d["title"] == TITLES[uid]
+    assert d["schemaVersion"] == 39
+    assert d["editable"] is False
+    assert d.get("id") is None
+    assert "__inputs" not in d and "__requires" not in d
+    assert "DS_PROMETHEUS" not in text, "file provisioning never substitutes ${DS_PROMETHEUS}"
+    assert d.get("description")
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARD_FILES))
+def test_variables(uid):
+    variables = {v["name"]: v for v in load(uid)["templating"]["list"]}
+    expected = ["datasource", "job", "instance"] + (["gpu"] if uid == "gpuwatch-node" else [])
+    assert list(variables) == expected
+    ds = variables["datasource"]
+    assert (ds["type"], ds["query"], ds["label"]) == ("datasource", "prometheus", "Data source")
+    for name in expected[1:]:
+        v = variables[name]
+        query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        assert v["type"] == "query", name
+        assert query == VARIABLES[name], name
+        assert v["definition"] == VARIABLES[name], name
+        assert v["datasource"] == DS, name
+        assert (v["multi"], v["includeAll"], v["allValue"], v["refresh"]) == (True, True, ".+", 2), name
+        assert v.get("label"), name
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARD_FILES))
+def test_panels(uid):
+    d = load(uid)
+    panels = all_panels(d)
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    cells: dict[tuple[int, int], str] = {}
+    titles = set()
+    for p in panels:
+        where = f"{uid} panel {p.get('id')} {p.get('title')!r}"
+        assert p["type"] in PANEL_TYPES, where
+        assert p.get("title", "").strip(), where
+        assert p.get("description", "").strip(), where
+        assert p["title"] not in titles, f"{where}: duplicate title"
+        titles.add(p["title"])
+        g = p["gridPos"]
+        assert all(isinstance(g[k], int) for k in "xywh"), where
+        assert g["x"] >= 0 and g["y"] >= 0 and g["w"] >= 1 and g["h"] >= 1 and g["x"] + g["w"] <= 24, where
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{where} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = p["title"]
+        if p["type"] == "row":
+            assert not p.get("targets"), where
+            continue
+        assert p["datasource"] == DS, where
+        assert p["targets"], where
+        unit = p["fieldConfig"]["defaults"].get("unit")
+        assert unit in ALLOWED_UNITS, f"{where}: unit {unit!r}"
+        for o in p["fieldConfig"].get("overrides", []):
+            for prop in o["properties"]:
+                if prop["id"] == "unit":
+                    assert prop["value"] in ALLOWED_UNITS, f"{where}: override unit {prop['value']!r}"
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(refs) == len(set(refs)), where
+        for t in p["targets"]:
+            assert t["datasource"] == DS, where
+            assert t["expr"].strip(), where
+
+
+def _known_labels(metric: str) -> set[str]:
+    if metric in CATALOGUE:
+        return set(CATALOGUE[metric].labels) | {"job", "instance"}
+    return {"job", "instance"}
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARD_FILES))
+def test_queries_follow_the_lint_rules(uid):
+    d = load(uid)
+    exclusions = lint_exclusions()
+    used = {rule: set() for rule in exclusions}
+    per_gpu_panels = 0
+    for p in query_panels(d):
+        key = (d["title"], p["title"])
+        for t in p["targets"]:
+            where = f"{uid} {p['title']!r} {t['refId']}: {t['expr']}"
+            selectors, ranges = scan(t["expr"])
+            assert selectors, where
+            if any(s.metric in CATALOGUE and "gpu" in CATALOGUE[s.metric].labels for s in selectors):
+                per_gpu_panels += 1
+            for s in selectors:
+                # every metric is gpuwatch's (counters with _total, as exposed) or a standard one
+                assert (s.metric in CATALOGUE or s.metric in STANDARD_METRICS
+                        or s.metric.startswith("process_")), f"{where}: unknown metric {s.metric}"
+                # target-job-rule / target-instance-rule
+                assert 'job=~"$job"' in s.matchers and 'instance=~"$instance"' in s.matchers, \
+                    f"{where}: {s.metric} lacks job/instance matchers"
+                if uid == "gpuwatch-node" and s.metric in CATALOGUE and "gpu" in CATALOGUE[s.metric].labels:
+                    assert 'gpu=~"$gpu"' in s.matchers, f"{where}: per-GPU {s.metric} lacks gpu=~\"$gpu\""
+                for label in re.findall(r"([A-Za-z_]\w*)(?:=~|!~|!=|=)", s.matchers):
+                    assert label in _known_labels(s.metric), f"{where}: {s.metric} has no label {label}"
+                # target-counter-agg-rule
+                if s.metric.endswith("_total") and s.function not in COUNTER_FUNCTIONS:
+                    assert key in exclusions.get("target-counter-agg-rule", set()), \
+                        f"{where}: {s.metric} outside rate/irate/increase"
+                    used["target-counter-agg-rule"].add(key)
+                if s.metric in CATALOGUE and CATALOGUE[s.metric].type == "counter":
+                    assert s.metric.endswith("_total"), where
+            # target-rate-interval-rule
+            for r in ranges:
+                if r.function in COUNTER_FUNCTIONS and r.duration != "$__rate_interval":
+                    assert r.duration == "$__range" and key in exclusions.get("target-rate-interval-rule", set()), \
+                        f"{where}: [{r.duration}] in {r.function}()"
+                    used["target-rate-interval-rule"].add(key)
+                assert r.duration in ("$__rate_interval", "$__range", "$__interval"), where
+    for rule, entries in exclusions.items():
+        mine = {e for e in entries if e[0] == d["title"]}
+        assert mine <= used[rule], f"unneeded {rule} exclusions: {sorted(mine - used[rule])}"
+    assert per_gpu_panels
+
+
+def test_dashboards_cover_the_brief():
+    node = {p["title"]: p for p in query_panels(load("gpuwatch-node"))}
+    fleet = {p["title"]: p for p in query_panels(load("gpuwatch-fleet"))}
+
+    def exprs(panel):
+        return " ".join(t["expr"] for t in panel["targets"])
+
+    assert "gpuwatch_temperature_threshold_celsius" in exprs(node["Temperature against thresholds"])
+    fans = node["Fan speed against target"]
+    assert "gpuwatch_fan_target_speed_ratio" in exprs(fans)
+    assert "passively cooled" in fans["description"] and "not an error" in fans["description"]
+    assert node["Clock event (throttle) reasons"]["type"] == "state-timeline"
+    assert node["Anomalies"]["type"] == "state-timeline"
+    assert all(t.get("instant") for t in node["XID errors"]["targets"] + node["ECC and row remapping"]["targets"])
+    for title in ("Healthy GPUs", "Throttling GPUs", "Lost GPUs", "Stale or failing nodes"):
+        assert fleet[title]["type"] == "stat"
+    assert "topk(" in exprs(fleet["Hottest GPUs"])
+    assert "gpuwatch_clocks_event_seconds_total" in exprs(fleet["Throttle time, top GPUs"])
+    assert "increase(gpuwatch_energy_joules_total" in exprs(fleet["Energy used in the time range"])
+    assert "group_left(name) gpuwatch_gpu_info" in exprs(fleet["Hottest GPUs"])
+
+
+def _substitute(expr: str, values: dict[str, str]) -> str:
+    def one(m):
+        name = m.group(1) or m.group(2)
+        assert name in values, f"unknown variable ${name} in {expr!r}"
+        return values[name]
+    return re.sub(r"\$(?:\{(\w+)\}|(\w+))", one, expr)
+
+
+STATIC_VALUES = {"job": "gpuwatch", "instance": ".+", "gpu": ".+", "__rate_interval": "30s",
+                 "__interval": "5s", "__range": "10m"}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
+def test_every_query_parses_with_promtool(tmp_path):
+    rules = []
+    for uid in sorted(DASHBOARD_FILES):
+        for p in query_panels(load(uid)):
+            for t in p["targets"]:
+                rules.append({"record": f"dashboard:check:{len(rules)}", "expr": _substitute(t["expr"], STATIC_VALUES)})
+    path = tmp_path / "dashboards.rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_provisioning_files():
+    dash = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "gpuwatch.yml").read_text())
+    assert dash["apiVersion"] == 1
+    (provider,) = dash["providers"]
+    assert provider["type"] == "file" and provider["folder"] == "GPU"
+    assert provider["options"]["foldersFromFilesStructure"] is False
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert ds["apiVersion"] == 1
+    (source,) = ds["datasources"]
+    assert source["type"] == "prometheus" and source["uid"]
+    for path in DASHBOARD_FILES.values():  # dashboards pick the datasource through their variable
+        assert source["uid"] not in path.read_text()
+
+
+# ------------------------------------------------------------------------- live: gpuwatch + Prometheus
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, targets: list[str]) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = workdir / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "gpuwatch", "static_configs": [{"targets": targets}]}],
+        }))
+        self.log_path = workdir / "prometheus.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [shutil.which("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+        wait_for(self._ready, 30, "Prometheus /-/ready")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+        try:
+            with urllib.request.urlopen(self.base + "/-/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def query(self, expr: str) -> dict:
+        url = self.base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
+
+    def result(self, expr: str) -> list[dict]:
+        answer = self.query(expr)
+        assert answer["status"] == "success", f"{expr}: {answer}"
+        return answer["data"]["result"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _fault_node() -> fakenvml.FakeNode:
+    node = fakenvml.FakeNode.h200(3)
+    g0, g1 = node.gpus[0], node.gpus[1]
+    g0.ecc_errors = {(0, 0): 0, (1, 0): 2, (0, 1): 0, (1, 1): 2}  # 2 uncorrected, volatile and lifetime
+    g0.remapped_rows = (0, 1, 1, 0)  # one row remapped for an uncorrectable error, pending a reset
+    node.add_xid(gpu=0, xid=48)  # double-bit ECC error
+    g1.clocks_event_reasons = 0x4 | 0x20  # sw_power_cap + sw_thermal_slowdown
+    g1.throttle_ns = {**g1.throttle_ns, 74: 5_000_000_000, 75: 1_000_000_000}
+    g1.retired_pages_pending = 0  # so that the page-retirement column has a series
+    return node
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Two gpuwatch processes and a Prometheus scraping them every second."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (apt-get install prometheus; Debian bookworm ships 2.42)")
+    root = tmp_path_factory.mktemp("dashboards")
+    started = []
+    try:
+        sim_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
+        sim_env["PYTHONUNBUFFERED"] = "1"
+        sim_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), sim_env.get("PYTHONPATH", "")])
+        (root / "sim").mkdir()
+        sim = Daemon(root / "sim", sim_env, ["--backend", "simulated", "--sim.faults", "true", "--sim.gpus", "4"])
+        started.append(sim)
+
+        node = _fault_node()
+        fx = fakenvml.prepare(root / "nvml", node, counts=False)
+        nvml = Daemon(root / "nvml", fake_env(fx))
+        started.append(nvml)
+        nvml.wait_value("gpuwatch_gpus", 3)
+        node.gpus[2].lost = True  # falls off the bus after discovery: stays listed with gpu_up 0
+        fx.write(node)
+        nvml.wait_value("gpuwatch_gpu_up", 0, gpu="2", uuid=node.gpus[2].uuid)
+
+        instances = {"sim": sim.base.removeprefix("http://"), "nvml": nvml.base.removeprefix("http://")}
+        prom = Prometheus(root, sorted(instances.values()))
+        started.append(prom)
+        # a few scrapes of both targets, so that rate() over 30 s has two samples
+        wait_for(lambda: len([r for r in prom.result('count_over_time(up{job="gpuwatch"}[30s]) >= 3 and up == 1')])
+                 == 2, 30, "three successful scrapes of both gpuwatch targets")
+        yield prom, instances
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+def _values(instances: dict[str, str]) -> dict[str, str]:
+    # what Grafana sends for a multi-value selection: regex-escaped values, (a|b), as a PromQL string
+    regex = "(" + "|".join(re.escape(i).replace("\\", "\\\\") for i in sorted(instances.values())) + ")"
+    return {**STATIC_VALUES, "instance": regex}
+
+
+def test_every_panel_query_returns_data(stack):
+    prom, instances = stack
+    values = _values(instances)
+    pending = {}
+    for uid in sorted(DASHBOARD_FILES):
+        for p in query_panels(load(uid)):
+            for t in p["targets"]:
+                pending[(uid, p["title"], t["refId"])] = _substitute(t["expr"], values)
+    assert len(pending) > 40
+    empty: dict = {}
+
+    def all_answer() -> bool:
+        for key, expr in list(pending.items()):
+            if prom.result(expr):  # status success, or the assertion says why not
+                del pending[key]
+                empty.pop(key, None)
+            else:
+                empty[key] = expr
+        return not pending
+
+    try:
+        wait_for(all_answer, 30, "every panel query to return data")
+    except AssertionError:
+        raise AssertionError("panel queries without data:\n" + "\n".join(
+            f"{uid} {title!r} {ref}: {expr}" for (uid, title, ref), expr in sorted(empty.items()))) from None
+
+
+def _panel_result(prom, instances, uid, title, ref="A") -> list[dict]:
+    (panel,) = [p for p in query_panels(load(uid)) if p["title"] == title]
+    (t,) = [t for t in panel["targets"] if t["refId"] == ref]
+    return prom.result(_substitute(t["expr"], _values(instances)))
+
+
+def test_fault_panels_show_the_faults(stack):
+    prom, instances = stack
+    nvml, sim = instances["nvml"], instances["sim"]
+
+    def scalar(uid, title):
+        (sample,) = _panel_result(prom, instances, uid, title)
+        return float(sample["value"][1])
+
+    assert scalar("gpuwatch-fleet", "Nodes") == 2
+    assert scalar("gpuwatch-fleet", "GPUs") == 7
+    assert scalar("gpuwatch-fleet", "Lost GPUs") == 1
+    assert scalar("gpuwatch-fleet", "Stale or failing nodes") == 1  # the node with the lost GPU
+    assert scalar("gpuwatch-fleet", "Throttling GPUs") >= 1
+    assert 1 <= scalar("gpuwatch-fleet", "Healthy GPUs") <= 5  # the fake node's GPU 0 and 2 are not
+    assert scalar("gpuwatch-fleet", "Exporters down") == 0
+
+    xids = _panel_result(prom, instances, "gpuwatch-node", "XID errors")
+    assert {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["xid"]) for s in xids} == {(nvml, "0", "48")}
+    ecc = _panel_result(prom, instances, "gpuwatch-node", "ECC and row remapping", "A")
+    assert {(s["metric"]["instance"], s["metric"]["gpu"]) for s in ecc if float(s["value"][1]) == 2} == {(nvml, "0")}
+    pending = _panel_result(prom, instances, "gpuwatch-node", "ECC and row remapping", "E")
+    assert {(s["metric"]["instance"], s["metric"]["gpu"]) for s in pending if float(s["value"][1]) == 1} \
+        == {(nvml, "0")}
+
+    firing = _panel_result(prom, instances, "gpuwatch-node", "Anomalies")
+    rules = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["rule"]) for s in firing}
+    assert {(nvml, "0", "ecc_uncorrectable"), (nvml, "0", "row_remap_pending"), (nvml, "0", "xid_critical")} <= rules
+
+    inventory = _panel_result(prom, instances, "gpuwatch-node", "GPU inventory")
+    lost = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["name"])
+            for s in inventory if float(s["value"][1]) == 0}
+    assert lost == {(nvml, "2", "NVIDIA H200")}
+
+    throttled = _panel_result(prom, instances, "gpuwatch-node", "Clock event (throttle) reasons")
+    assert {(nvml, "1", "sw_power_cap"), (nvml, "1", "sw_thermal_slowdown")} <= {
+        (s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["reason"]) for s in throttled}
+
+    # fans only where there are fans: the simulated RTX 6000 node, not the passively cooled H200s
+    fans = _panel_result(prom, instances, "gpuwatch-node", "Fan speed against target")
+    assert {s["metric"]["instance"] for s in fans} == {sim}
+    assert all(s["metric"]["name"] for s in fans)  # the name join works
