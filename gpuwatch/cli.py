@@ -26,7 +26,7 @@ from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock
 from gpuwatch.config import Config
 from gpuwatch.errors import ConfigError, ReplayFormatError
-from gpuwatch.exporter import build_registry, text_exposition
+from gpuwatch.exporter import build_exposition
 from gpuwatch.exporter.http import App, HttpServers
 from gpuwatch.poller import Poller
 from gpuwatch.rules import all_rules
@@ -88,7 +88,7 @@ class Agent:
                              config.rules_window, config.rules_expected_gpus)
         self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval,
                              evaluate=self.evaluate_rules)
-        self.registry = build_registry(self.store.snapshot, self.clock, config.staleness)
+        self.exposition = build_exposition(self.store.snapshot, self.clock, config.staleness)
         self.http: HttpServers | None = None
         self.last_evaluated: float | None = None
 
@@ -129,7 +129,7 @@ class Agent:
         return changed
 
     def serve(self) -> list[str]:
-        app = App(self.registry, self.store.snapshot, self.clock.monotonic, self.config.telemetry_path,
+        app = App(self.exposition, self.store.snapshot, self.clock.monotonic, self.config.telemetry_path,
                   self.config.staleness)
         self.http = HttpServers(self.config.listen_addresses, app)
         self.http.start()
@@ -228,7 +228,7 @@ def _exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
 
 def _once(agent: Agent) -> int:
     agent.poller.poll_fast()  # opens the backend and also runs the first slow poll
-    sys.stdout.buffer.write(text_exposition(agent.registry))
+    sys.stdout.buffer.write(agent.exposition.render())
     sys.stdout.flush()
     up = agent.poller.backend_up
     agent.poller.stop()

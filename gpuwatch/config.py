@@ -50,7 +50,7 @@ class Config:
     replay_speed: float = 1.0  # trace seconds per real second
     replay_loop: bool = False  # start over at the end of the trace
     rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
-    rules_window: float = 900.0  # seconds of history the rules may look back
+    rules_window: float = 300.0  # seconds of history the rules may look back
     rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # YAML `rules:` per-rule settings
 
     def staleness(self, tier: str) -> float:
@@ -256,7 +256,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("rules.expected-gpus", "rules_expected_gpus", _int("rules.expected-gpus", 0, 4096),
            "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),
     Option("rules.window", "rules_window", _float("rules.window"),
-           "seconds of history the anomaly rules look back (default 900)"),
+           "seconds of history the anomaly rules look back (default 300)"),
 )
 _BY_FIELD = {o.field: o for o in OPTIONS}
 

@@ -58,6 +58,7 @@ class Poller:
         self._events_thread: threading.Thread | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._slow_due = True
+        self._last_evaluated = float("-inf")
 
     # -- lifecycle of the backend ------------------------------------------------------------
     @property
@@ -125,6 +126,7 @@ class Poller:
         """Run the rules: after every fast poll, and on their own timer so that they run while a poll hangs."""
         if self._evaluate is None:
             return
+        self._last_evaluated = self._clock.monotonic()
         try:
             self._evaluate()
         except Exception as exc:  # a broken rule must not stop polling
@@ -184,6 +186,11 @@ class Poller:
                 return str(gpu.identity.index)
         return ""
 
+    def _evaluate_if_due(self) -> None:
+        """The timer's run: skipped when a fast poll has just run the rules (the usual case)."""
+        if self._clock.monotonic() - self._last_evaluated >= 0.75 * self._fast_interval:
+            self.evaluate()
+
     # -- XID events ----------------------------------------------------------------------------
     def _events_loop(self) -> None:
         while not self._stop.is_set():
@@ -227,7 +234,7 @@ class Poller:
                           next_run_time=_now())
         scheduler.add_job(self.poll_slow, "interval", seconds=self._slow_interval, id="slow")
         if self._evaluate is not None:
-            scheduler.add_job(self.evaluate, "interval", seconds=self._fast_interval, id="rules")
+            scheduler.add_job(self._evaluate_if_due, "interval", seconds=self._fast_interval, id="rules")
         scheduler.start()
         self._scheduler = scheduler
         self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuwatch.clock import Clock, FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
-from gpuwatch.exporter import build_registry, text_exposition
+from gpuwatch.exporter import build_exposition
 from gpuwatch.model import (
     FEATURES,
     DiscoveredGpu,
@@ -158,14 +158,14 @@ class ScriptedBackend:
 
 
 def registry_for(store: Store, clock: Clock, staleness: Callable[[str], float] | None = None) -> Any:
-    """A registry over ``store`` without process metrics (deterministic output)."""
-    return build_registry(store.snapshot, clock, staleness or (lambda tier: 6.0 if tier == "fast" else 90.0),
-                          process_metrics=False)
+    """The /metrics renderer over ``store`` without process metrics (deterministic output)."""
+    return build_exposition(store.snapshot, clock, staleness or (lambda tier: 6.0 if tier == "fast" else 90.0),
+                            process_metrics=False)
 
 
 def exposition(store: Store, clock: Clock, staleness: Callable[[str], float] | None = None) -> str:
     """The text exposition of a store, as /metrics would serve it (without process metrics)."""
-    return text_exposition(registry_for(store, clock, staleness)).decode()
+    return registry_for(store, clock, staleness).render().decode()
 
 
 def replace(obj: Any, **changes: Any) -> Any:

@@ -92,3 +92,37 @@ def test_every_family_is_in_the_catalogue_with_its_labels_and_order_is_stable():
     for name in CATALOGUE:
         assert re.fullmatch(r"gpuwatch_[a-z0-9_]+", name)
         assert name.endswith("_total") == (CATALOGUE[name].type == "counter")
+
+
+def test_fast_encoder_matches_prometheus_client_byte_for_byte():
+    """gpuwatch writes the exposition itself for speed; prometheus_client's encoders are the oracle."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from gpuwatch.exporter.collector import build_labels, render
+    from gpuwatch.model import Anomaly, XidEvent
+
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    odd = identity(1, name='NVIDIA "Quoted" \\ GPU\nnext line', serial=None)
+    gpus = [DiscoveredGpu(identity(0), {f: True for f in FEATURES}), DiscoveredGpu(odd, {f: True for f in FEATURES})]
+    store.set_gpus(gpus)
+    store.set_backend(True)
+    for gpu in gpus:
+        store.put_fast(gpu.identity.uuid, fast_sample(fans=(fan(0), fan(1, speed=0.0))))
+        store.put_slow(gpu.identity.uuid, slow_sample())
+    store.record_xid(XidEvent(gpus[0].identity.uuid, 79, 1_700_000_100.5))
+    store.set_anomalies((Anomaly("overheating", "critical", gpus[1].identity.uuid, "1", True, 1_700_000_000.25, 2),
+                         Anomaly("backend_down", "critical")))
+    store.poll_finished("fast", True, 0.0123)
+    samples = render(store.snapshot(), clock.monotonic(), lambda tier: 6.0 if tier == "fast" else 90.0,
+                     build_labels())
+
+    class Families:
+        def collect(self):
+            return samples.families()
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families())
+    assert samples.encode(openmetrics=False) == generate_latest(registry).decode()
+    assert samples.encode(openmetrics=True) + "# EOF\n" == om_latest(registry).decode()

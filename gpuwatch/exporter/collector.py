@@ -13,6 +13,7 @@ from importlib import metadata
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from gpuwatch import __version__
 from gpuwatch.clock import Clock
@@ -41,6 +42,39 @@ class Samples:
             return
         self._data.setdefault(name, []).append((labels, float(value)))
 
+    def encode(self, openmetrics: bool = False) -> str:
+        """The text exposition (0.0.4, or OpenMetrics without the final ``# EOF``).
+
+        Byte for byte what prometheus_client's encoders make of ``families()`` (a test holds it to
+        that), but several times faster: label names are sorted once per family, not per sample,
+        and nothing is validated again at scrape time (the catalogue was, at import).
+        """
+        out: list[str] = []
+        append = out.append
+        for name in sorted(self._data):
+            spec = CATALOGUE[name]
+            counter = spec.type == "counter"
+            family = name[:-6] if counter and openmetrics else name
+            help_text = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+            if openmetrics:
+                help_text = help_text.replace('"', r'\"')
+            append(f"# HELP {family} {help_text}\n# TYPE {family} {spec.type}\n")
+            order = sorted(range(len(spec.labels)), key=spec.labels.__getitem__)
+            keys = [f'{spec.labels[i]}="' for i in order]
+            rows = sorted(self._data[name], key=lambda item: _sort_key(item[0]))
+            for labels, value in rows:
+                if keys:
+                    parts = []
+                    for key, i in zip(keys, order):
+                        text = labels[i]
+                        if "\\" in text or '"' in text or "\n" in text:
+                            text = text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+                        parts.append(key + text + '"')
+                    append(f"{name}{{{','.join(parts)}}} {floatToGoString(value)}\n")
+                else:
+                    append(f"{name} {floatToGoString(value)}\n")
+        return "".join(out)
+
     def families(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         for name in sorted(self._data):
             spec = CATALOGUE[name]
@@ -58,13 +92,32 @@ def binding_version() -> str:
         return "unknown"
 
 
+def build_labels() -> LabelValues:
+    """Label values of gpuwatch_build_info."""
+    return (__version__, platform.python_version(), binding_version())
+
+
+def freshness_key(snap: NodeSnapshot, now: float, staleness: Callable[[str], float]) -> tuple:
+    """What, besides the snapshot itself, decides the exposition: which readings are still fresh."""
+    fast_bound, slow_bound = staleness("fast"), staleness("slow")
+    tiers = tuple(tier_fresh(tier, now, staleness(name)) for name, tier in snap.tiers.items())
+    gpus = tuple(
+        (g.fast_monotonic is not None and now - g.fast_monotonic <= fast_bound,
+         g.slow_monotonic is not None and now - g.slow_monotonic <= slow_bound)
+        for g in snap.gpus
+    )
+    return tiers, gpus
+
+
 class GpuwatchCollector(Collector):
+    """The same exposition as a prometheus_client Collector, for use in another registry."""
+
     def __init__(self, snapshot: Callable[[], NodeSnapshot], clock: Clock,
                  staleness: Callable[[str], float]) -> None:
         self._snapshot = snapshot
         self._clock = clock
         self._staleness = staleness
-        self._build = (__version__, platform.python_version(), binding_version())
+        self._build = build_labels()
 
     def describe(self) -> list:
         return []  # never collect at registration time
