@@ -22,6 +22,7 @@ from typing import Any
 from gpuwatch import __version__
 from gpuwatch import config as configuration
 from gpuwatch import logs
+from gpuwatch.attribution import Attributor
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock
 from gpuwatch.config import Config
@@ -86,9 +87,11 @@ class Agent:
         rules = all_rules()
         self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
                              config.rules_window, config.rules_expected_gpus)
+        attributor = Attributor(config.attribution_proc_root, config.attribution_mapping_dir)
         self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval,
-                             evaluate=self.evaluate_rules)
-        self.exposition = build_exposition(self.store.snapshot, self.clock, config.staleness)
+                             evaluate=self.evaluate_rules, attribute=attributor.attribute)
+        self.exposition = build_exposition(self.store.snapshot, self.clock, config.staleness, max_processes=(
+            config.collector_processes_max if config.collector_processes else 0))
         self.http: HttpServers | None = None
         self.last_evaluated: float | None = None
 

@@ -49,6 +49,10 @@ class Config:
     replay_file: str | None = None  # trace written by `gpuwatch record` (backend replay)
     replay_speed: float = 1.0  # trace seconds per real second
     replay_loop: bool = False  # start over at the end of the trace
+    collector_processes: bool = False  # per-process series (gpuwatch_process_memory_used_bytes)
+    collector_processes_max: int = 100
+    attribution_proc_root: str = "/proc"
+    attribution_mapping_dir: str | None = None  # dcgm-exporter style HPC job mapping directory
     rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
     rules_window: float = 300.0  # seconds of history the rules may look back
     rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # YAML `rules:` per-rule settings
@@ -135,6 +139,16 @@ def _file(name: str) -> Callable[[Any], str]:
         text = str(value)
         if not os.path.isfile(text):
             raise ConfigError(f"{name}: {text!r} is not a file (write one with `gpuwatch record --output FILE`)")
+        return text
+
+    return parse
+
+
+def _directory(name: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value)
+        if not os.path.isdir(text):
+            raise ConfigError(f"{name}: {text!r} is not a directory")
         return text
 
     return parse
@@ -253,6 +267,14 @@ OPTIONS: tuple[Option, ...] = (
            "replay backend: trace seconds per real second, e.g. 10 (default 1)"),
     Option("replay.loop", "replay_loop", _bool("replay.loop"),
            "replay backend: start over at the end of the trace instead of holding its last state", switch=True),
+    Option("collector.processes", "collector_processes", _bool("collector.processes"),
+           "export per-process GPU memory series (off by default: PIDs churn)", switch=True),
+    Option("collector.processes-max", "collector_processes_max", _int("collector.processes-max", 1, 10000),
+           "at most this many per-process series per node (default 100)"),
+    Option("attribution.proc-root", "attribution_proc_root", _directory("attribution.proc-root"),
+           "where to read PIDs' cgroups and owners (default /proc)"),
+    Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir", _directory("attribution.hpc-job-mapping-dir"),
+           "dcgm-exporter style directory of job ids per GPU index, written by a Slurm prolog (default: none)"),
     Option("rules.expected-gpus", "rules_expected_gpus", _int("rules.expected-gpus", 0, 4096),
            "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),
     Option("rules.window", "rules_window", _float("rules.window"),

@@ -8,6 +8,8 @@ like 0 or NaN for "unavailable": absent readings are ``None`` or missing from th
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -63,13 +65,27 @@ CLOCKS_EVENT_TIME_REASONS: tuple[str, ...] = (
 )
 
 
-def decode_clocks_event_reasons(mask: int, supported: int) -> dict[str, bool]:
-    """Reason name -> active, for every reason bit the GPU supports."""
-    return {
+def decode_clocks_event_reasons(mask: int, supported: int) -> Mapping[str, bool]:
+    """Reason name -> active, for every reason bit the GPU supports.
+
+    The result is shared and read-only (a ``types.MappingProxyType``, cached per ``(mask,
+    supported)`` pair): a GPU's mask rarely changes, so consecutive samples, and the rule engine's
+    history of them, share one mapping instead of holding a new dict each. ``dict(...)`` copies it.
+    """
+    known = _KNOWN_REASON_BITS  # other bits cannot change the result: one cache entry for them all
+    return _decode_clocks_event_reasons(mask & supported & known, supported & known)
+
+
+_KNOWN_REASON_BITS = sum(CLOCKS_EVENT_REASON_BITS.values())  # distinct bits: the sum is their union
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_clocks_event_reasons(mask: int, supported: int) -> Mapping[str, bool]:
+    return types.MappingProxyType({
         name: bool(mask & bit)
         for name, bit in CLOCKS_EVENT_REASON_BITS.items()
         if supported & bit
-    }
+    })
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +149,26 @@ class FastSample:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU, as NVML lists it (host PID)."""
+
+    pid: int
+    used_memory_bytes: int | None = None  # None: NVML cannot tell (e.g. Windows WDDM)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """A GPU process attributed to a user and a workload (gpuwatch/attribution.py)."""
+
+    pid: int
+    used_memory_bytes: int | None
+    user: str  # user name, or the numeric uid, or "" when the process is not visible
+    scheduler: str  # slurm | kubernetes | systemd | none | unknown (PID not visible: another PID namespace, exited)
+    job_id: str  # Slurm job id, pod UID, systemd unit, or ""
+    container: str = ""  # Kubernetes container id, where known
+
+
+@dataclass(frozen=True, slots=True)
 class SlowSample:
     """Readings of the slow tier (default every 30 s): health counters, limits, thresholds."""
 
@@ -149,6 +185,7 @@ class SlowSample:
     pcie_link_generation: Mapping[str, int] = field(default_factory=dict)  # current|max
     pcie_link_width: Mapping[str, int] = field(default_factory=dict)
     pcie_replays: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None  # None: not read (unsupported or not collected)
     errors: tuple[str, ...] = ()
 
 
@@ -192,6 +229,7 @@ class GpuState:
     slow_monotonic: float | None = None
     xid_counts: Mapping[int, int] = field(default_factory=dict)
     xid_last_timestamp: Mapping[int, float] = field(default_factory=dict)
+    workloads: tuple[ProcessInfo, ...] = ()  # attributed processes of the last slow poll
     visible: bool = True  # False: not in the last discovery (kept so that it shows up as down)
 
 

@@ -24,6 +24,7 @@ from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.logs import get_logger
+from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo, SlowSample
 from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
@@ -39,6 +40,7 @@ class Poller:
         fast_interval: float = 2.0,
         slow_interval: float = 30.0,
         evaluate: Callable[[], None] | None = None,
+        attribute: Callable[[GpuIdentity, tuple[GpuProcess, ...] | None], tuple[ProcessInfo, ...]] | None = None,
     ) -> None:
         self._backend = backend
         self._store = store
@@ -46,6 +48,7 @@ class Poller:
         self._fast_interval = fast_interval
         self._slow_interval = slow_interval
         self._evaluate = evaluate
+        self._attribute = attribute
         self._log = get_logger(component="poller", backend=backend.name)
         self._lifecycle = threading.Lock()
         self._up = False
@@ -177,8 +180,21 @@ class Poller:
                 self._lost.discard(uuid)
                 self._log.info("gpu_recovered", uuid=uuid, gpu=self._index(uuid))
             errors.extend(sample.errors)
-            put(uuid, sample)
+            if tier == "slow":
+                self._store.put_slow(uuid, sample, self._workloads(uuid, sample))
+            else:
+                put(uuid, sample)
         self._store.poll_finished(tier, complete, time.perf_counter() - started, errors)
+
+    def _workloads(self, uuid: str, sample: SlowSample) -> tuple[ProcessInfo, ...]:
+        if self._attribute is None:
+            return ()
+        identity = next(g.identity for g in self._store.snapshot().gpus if g.identity.uuid == uuid)
+        try:
+            return self._attribute(identity, sample.processes)
+        except Exception as exc:  # attribution is best effort: never lose the slow sample for it
+            self._log.error("attribution_failed", uuid=uuid, error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            return ()
 
     def _index(self, uuid: str) -> str:
         for gpu in self._store.snapshot().gpus:

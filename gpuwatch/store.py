@@ -19,6 +19,7 @@ from gpuwatch.model import (
     FastSample,
     GpuState,
     NodeSnapshot,
+    ProcessInfo,
     SlowSample,
     TierState,
     XidEvent,
@@ -89,11 +90,11 @@ class Store:
             )
             self._changed()
 
-    def put_slow(self, uuid: str, sample: SlowSample) -> None:
+    def put_slow(self, uuid: str, sample: SlowSample, workloads: tuple[ProcessInfo, ...] = ()) -> None:
         with self._lock:
             state = self._gpus[uuid]
             self._gpus[uuid] = dataclasses.replace(
-                state, slow=sample, slow_monotonic=self._clock.monotonic()
+                state, slow=sample, slow_monotonic=self._clock.monotonic(), workloads=workloads
             )
             self._changed()
 

@@ -35,6 +35,7 @@ from gpuwatch.model import (
     FanReading,
     FastSample,
     GpuIdentity,
+    GpuProcess,
     SlowSample,
     XidEvent,
 )
@@ -200,6 +201,27 @@ def _decode_fans(value: Any, name: str) -> tuple[FanReading, ...]:
 
 FANS = _Codec(_encode_fans, _decode_fans, "list of fan objects")
 
+PROCESS_FIELDS: Mapping[str, _Codec] = {"pid": INT, "used_memory_bytes": INT}
+
+
+def _encode_processes(processes: Sequence[GpuProcess]) -> list[dict[str, Any]]:
+    return [_encode_fields(process, PROCESS_FIELDS) for process in processes]
+
+
+def _decode_processes(value: Any, name: str) -> tuple[GpuProcess, ...]:
+    if not isinstance(value, list):
+        raise _bad(name, "a list of process objects", value)
+    processes = []
+    for i, item in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(item, dict) or "pid" not in item:
+            raise _bad(where, "a process object with a 'pid'", item)
+        processes.append(GpuProcess(**_decode_fields(item, PROCESS_FIELDS, where + ".")))
+    return tuple(processes)
+
+
+PROCESSES = _Codec(_encode_processes, _decode_processes, "list of process objects")
+
 #: FastSample field -> codec. Every field of FastSample must be here (tests/test_trace.py checks).
 FAST_FIELDS: Mapping[str, _Codec] = {
     "temperature_celsius": FLOAT,
@@ -234,6 +256,7 @@ SLOW_FIELDS: Mapping[str, _Codec] = {
     "pcie_link_generation": _mapping(INT),
     "pcie_link_width": _mapping(INT),
     "pcie_replays": INT,
+    "processes": PROCESSES,
     "errors": STRINGS,
 }
 

@@ -14,6 +14,7 @@ from gpuwatch.backends.simulated import Fault, SimulatedBackend
 from gpuwatch.clock import FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost, ReplayFormatError
 from gpuwatch.model import (
+    GpuProcess,
     DiscoveredGpu,
     DriverInfo,
     FanReading,
@@ -91,6 +92,7 @@ def full_slow_sample():
         remapped_rows_pending=True,
         remapped_rows_failed=False,
         retired_pages_pending=False,
+        processes=(GpuProcess(pid=4242, used_memory_bytes=2 * 2**30), GpuProcess(pid=4243)),
         pcie_replays=7,
         errors=("gpu_is_lost",),
     )

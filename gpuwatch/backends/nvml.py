@@ -36,6 +36,7 @@ from gpuwatch.model import (
     FanReading,
     FastSample,
     GpuIdentity,
+    GpuProcess,
     SlowSample,
     XidEvent,
     decode_clocks_event_reasons,
@@ -201,6 +202,7 @@ class _Device:
     power_limits: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     max_clocks: tuple[tuple[str, int], ...] = ()
     pcie: bool = False
+    processes: Callable[[Any], Any] | None = None
 
 
 class NvmlBackend:
@@ -394,6 +396,10 @@ class NvmlBackend:
         d.power_limits = {k: fn for k, fn in limits.items() if supported(fn, h)}
         f["power_limit"] = "enforced" in d.power_limits
         d.pcie = f["pcie"] = supported(N.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        # The versioned calls, newest first: the unversioned wrapper raises NVMLLibraryMismatchError,
+        # which is no NVMLError, when _v3 is missing (nvml.md §9).
+        d.processes = _first_supported((N.nvmlDeviceGetComputeRunningProcesses_v3, (h,)),
+                                       (N.nvmlDeviceGetComputeRunningProcesses_v2, (h,)))
         try:
             f["xid_events"] = bool(int(_probe(N.nvmlDeviceGetSupportedEventTypes, h)) & _XID_EVENT)
         except _Unsupported:
@@ -608,6 +614,14 @@ class NvmlBackend:
                     replays = int(value)
                 elif kind == "tlimit":
                     tlimit[key] = float(value)
+        processes = None
+        if d.processes is not None:
+            listed = q(d.processes, h)
+            if listed is not None:
+                processes = tuple(
+                    GpuProcess(pid=int(p.pid), used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+                    for p in listed
+                )
         return SlowSample(
             temperature_threshold_celsius=thresholds,
             temperature_margin_threshold_celsius=tlimit,
@@ -621,6 +635,7 @@ class NvmlBackend:
             pcie_link_generation=generation,
             pcie_link_width=width,
             pcie_replays=replays,
+            processes=processes,
             errors=tuple(errors),
         )
 

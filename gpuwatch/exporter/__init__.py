@@ -24,8 +24,9 @@ class Exposition:
     """
 
     def __init__(self, snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],
-                 process_metrics: bool = True) -> None:
+                 process_metrics: bool = True, max_processes: int = 0) -> None:
         self._snapshot = snapshot
+        self._max_processes = max_processes
         self._clock = clock
         self._staleness = staleness
         self._build = build_labels()
@@ -44,7 +45,7 @@ class Exposition:
             cached = self._cache.get(openmetrics)
         if cached is not None and cached[0] == key:
             return cached[1]
-        text = render(snap, now, self._staleness, self._build).encode(openmetrics)
+        text = render(snap, now, self._staleness, self._build, self._max_processes).encode(openmetrics)
         with self._lock:
             self._cache[openmetrics] = (key, text)
         return text
@@ -62,8 +63,8 @@ class Exposition:
 
 
 def build_exposition(snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],
-                     process_metrics: bool = True) -> Exposition:
-    return Exposition(snapshot, clock, staleness, process_metrics)
+                     process_metrics: bool = True, max_processes: int = 0) -> Exposition:
+    return Exposition(snapshot, clock, staleness, process_metrics, max_processes)
 
 
 __all__ = ["Exposition", "build_exposition", "__version__"]

@@ -104,6 +104,16 @@ _SPECS = (
          "Idle GPUs downshift on purpose."),
     Spec("gpuwatch_pcie_link_width", "gauge", G + ("link",), "PCIe link width in lanes, current or max ('Link Width')."),
     Spec("gpuwatch_pcie_replays_total", "counter", G, "PCIe replay counter (field NVML_FI_DEV_PCIE_REPLAY_COUNTER; 'Replays Since Reset')."),
+    # workloads (who is using the GPU; slow tier; docs/slurm.md)
+    Spec("gpuwatch_gpu_job_info", "gauge", G + ("scheduler", "job_id", "user"),
+         "1 while a workload holds the GPU: scheduler slurm (job_id = Slurm job id), kubernetes (pod UID), "
+         "systemd (unit), none (a plain process) or unknown (PID not visible); from NVML's process list "
+         "and /proc/PID/cgroup."),
+    Spec("gpuwatch_workload_memory_used_bytes", "gauge", G + ("scheduler", "job_id"),
+         "Frame buffer used by the workload's processes on the GPU in bytes (nvmlDeviceGetComputeRunningProcesses)."),
+    Spec("gpuwatch_process_memory_used_bytes", "gauge", G + ("pid", "scheduler", "job_id", "user"),
+         "Frame buffer used by one process in bytes; only with --collector.processes, at most "
+         "--collector.processes-max series per node; never command lines."),
     # anomalies (rule evaluators, docs/rules.md)
     Spec("gpuwatch_anomaly", "gauge", G + ("rule", "severity"),
          "1 while the rule fires on the GPU, 0 while it is evaluated and quiet; one series per GPU and enabled "

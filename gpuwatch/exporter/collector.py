@@ -131,7 +131,9 @@ def tier_fresh(tier: TierState, now: float, bound: float) -> bool:
     return tier.success and last is not None and now - last <= bound
 
 
-def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], build: LabelValues) -> Samples:
+def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], build: LabelValues,
+           max_processes: int = 0) -> Samples:
+    """The samples of one scrape; ``max_processes`` > 0 adds per-process series, at most that many."""
     out = Samples()
     out.add("gpuwatch_build_info", build, 1)
     out.add("gpuwatch_backend_up", (snap.backend,), snap.backend_up)
@@ -147,8 +149,11 @@ def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], bu
         for error, count in tier.errors_total.items():
             out.add("gpuwatch_poll_errors_total", (tier_name, error), count)
     fast_bound, slow_bound = staleness("fast"), staleness("slow")
+    budget = max_processes
     for gpu in snap.gpus:
         _render_gpu(out, gpu, now, fast_bound, slow_bound)
+        if gpu.up and gpu.slow_monotonic is not None and now - gpu.slow_monotonic <= slow_bound:
+            budget = _render_workloads(out, gpu, budget)
     for anomaly in snap.anomalies:
         if anomaly.uuid is None:
             out.add("gpuwatch_node_anomaly", (anomaly.rule, anomaly.severity), anomaly.firing)
@@ -159,6 +164,25 @@ def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], bu
         if anomaly.firing:
             out.add("gpuwatch_anomaly_since_timestamp_seconds", g + (anomaly.rule,), anomaly.since_wall)
     return out
+
+
+def _render_workloads(out: Samples, gpu: GpuState, budget: int) -> int:
+    g = (str(gpu.identity.index), gpu.identity.uuid)
+    memory: dict[tuple[str, str], int] = {}
+    jobs = set()
+    for p in gpu.workloads:
+        jobs.add((p.scheduler, p.job_id, p.user))
+        if p.used_memory_bytes is not None:
+            memory[(p.scheduler, p.job_id)] = memory.get((p.scheduler, p.job_id), 0) + p.used_memory_bytes
+        if budget > 0 and p.pid:
+            out.add("gpuwatch_process_memory_used_bytes", g + (str(p.pid), p.scheduler, p.job_id, p.user),
+                    p.used_memory_bytes)
+            budget -= 1
+    for job in jobs:
+        out.add("gpuwatch_gpu_job_info", g + job, 1)
+    for key, used in memory.items():
+        out.add("gpuwatch_workload_memory_used_bytes", g + key, used)
+    return budget
 
 
 def _render_gpu(out: Samples, gpu: GpuState, now: float, fast_bound: float, slow_bound: float) -> None:

@@ -1,0 +1,104 @@
+"""Who is using the GPU: NVML's process list mapped to users and workloads through /proc.
+
+Each PID's ``/proc/PID/cgroup`` says which workload it belongs to:
+
+- Slurm: ``job_<id>`` in the cgroup path, v1 (``…:/slurm/uid_1000/job_42/step_0``) and v2
+  (``0::/system.slice/slurmstepd.scope/job_42/step_batch/user/task_0``);
+- Kubernetes: the pod UID (and container id) in ``kubepods`` paths, cgroupfs and systemd drivers;
+- systemd: the unit (``…/foo.service``, ``session-3.scope``);
+- otherwise ``none``.
+
+The user comes from the ``Uid:`` line of ``/proc/PID/status``. A PID from another PID namespace or
+a process that exits mid-read is ``unknown``, quietly: no log line per process. Optionally, dcgm-
+exporter's HPC job-mapping directory (one file per GPU index, a job id per line, written by a
+Slurm prolog) names the jobs of sites whose gpuwatch cannot see host PIDs.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo
+
+_SLURM_JOB = re.compile(r"/job_(\d+)(?=/|$)")
+_UUID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+_K8S_POD = re.compile(rf"kubepods.*?pod({_UUID})")
+_CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|containerd)-([0-9a-f]{64})\.scope|/([0-9a-f]{64})(?=/|$)")
+_UNIT = re.compile(r"/([^/]+\.(?:service|scope))(?=/|$)")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def parse_cgroup(text: str) -> tuple[str, str, str]:
+    """(scheduler, job_id, container) from the content of /proc/PID/cgroup."""
+    paths = [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
+    for path in paths:
+        match = _SLURM_JOB.search(path)
+        if match:
+            return "slurm", match.group(1), ""
+    for path in paths:
+        match = _K8S_POD.search(path)
+        if match:
+            container = _CONTAINER.search(path)
+            cid = (container.group(1) or container.group(2)) if container else ""
+            return "kubernetes", match.group(1).replace("_", "-"), cid
+    for path in paths:
+        match = _UNIT.search(path)
+        if match:
+            return "systemd", match.group(1), ""
+    return "none", "", ""
+
+
+def read_mapping_dir(directory: Path, index: int) -> list[str]:
+    """Job ids for a GPU index from a dcgm-exporter style mapping directory (missing file: none)."""
+    try:
+        text = (directory / str(index)).read_text()
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+class Attributor:
+    """Maps NVML process lists to ProcessInfo. Reads ``proc_root`` (injected in tests), nothing else."""
+
+    def __init__(self, proc_root: str | os.PathLike[str] = "/proc", mapping_dir: str | os.PathLike[str] | None = None,
+                 user_name: Callable[[int], str] = _user_name) -> None:
+        self._proc = Path(proc_root)
+        self._mapping = None if mapping_dir is None else Path(mapping_dir)
+        self._user_name = user_name
+
+    def _one(self, process: GpuProcess) -> ProcessInfo:
+        base = self._proc / str(process.pid)
+        try:
+            cgroup = (base / "cgroup").read_text()
+            status = (base / "status").read_text()
+        except OSError:  # another PID namespace, exited, or hidden (ProtectProc=invisible)
+            return ProcessInfo(process.pid, process.used_memory_bytes, "", "unknown", "")
+        scheduler, job_id, container = parse_cgroup(cgroup)
+        user = ""
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                fields = line.split()
+                if len(fields) > 1 and fields[1].isdigit():
+                    user = self._user_name(int(fields[1]))
+                break
+        return ProcessInfo(process.pid, process.used_memory_bytes, user, scheduler, job_id, container)
+
+    def attribute(self, identity: GpuIdentity, processes: Iterable[GpuProcess] | None) -> tuple[ProcessInfo, ...]:
+        infos = [self._one(p) for p in processes or ()]
+        if self._mapping is not None:
+            known = {(i.scheduler, i.job_id) for i in infos}
+            for job_id in read_mapping_dir(self._mapping, identity.index):
+                if ("slurm", job_id) not in known:
+                    # pid 0: the job is known from the mapping directory, not from a visible process
+                    infos.append(ProcessInfo(0, None, "", "slurm", job_id))
+        return tuple(sorted(infos, key=lambda i: (i.scheduler, i.job_id, i.pid)))
