@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuwatch import __version__
 from gpuwatch import config as configuration
-from gpuwatch import logs
+from gpuwatch import logs, slurm, webconfig
 from gpuwatch.attribution import Attributor
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock
@@ -124,7 +124,8 @@ class Agent:
         rules = build_configs(self.engine.rules, new.rules)  # ConfigError: the caller keeps the old settings
         self.engine.reconfigure(rules)
         logs.configure(new.log_level, new.log_format)
-        live = ("rules", "log_level", "log_format")
+        live = ("rules", "log_level", "log_format",  # the check_* settings are for `gpuwatch check` only
+                "check_username", "check_password_file", "check_client_cert_file", "check_client_key_file")
         changed = [f.name for f in dataclasses.fields(Config)
                    if f.name not in live and getattr(new, f.name) != getattr(self.config, f.name)]
         self.config = dataclasses.replace(self.config, rules=new.rules, log_level=new.log_level,
@@ -134,7 +135,10 @@ class Agent:
     def serve(self) -> list[str]:
         app = App(self.exposition, self.store.snapshot, self.clock.monotonic, self.config.telemetry_path,
                   self.config.staleness)
-        self.http = HttpServers(self.config.listen_addresses, app)
+        # the content of the web config file is re-read while serving (docs/security.md); its name is not
+        web = webconfig.load(self.config.web_config_file) if self.config.web_config_file else None
+        self.http = HttpServers(self.config.listen_addresses, app, web_config=web,
+                                max_requests=self.config.web_max_requests)
         self.http.start()
         return self.http.bound()
 
@@ -160,6 +164,26 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", dest="sim_scenario", metavar="NAME",
                       help="play a named scenario (one per anomaly rule) instead of the tour")
     demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    check = sub.choices["check"].add_argument_group(
+        "Slurm", "drain/resume this node from Slurm's HealthCheckProgram, as root (docs/slurm.md)")
+    check.add_argument("--drain", action="store_true",
+                       help="on a critical anomaly, drain the node: scontrol update State=DRAIN "
+                            "Reason='gpuwatch: ...' (never over another drain, never when the check cannot tell)")
+    check.add_argument("--resume", action="store_true",
+                       help="resume the node once healthy for --resume-after, only if its reason starts with "
+                            "'gpuwatch:'")
+    check.add_argument("--dry-run", action="store_true",
+                       help="with --drain/--resume: log and print what would be done, never run scontrol update")
+    check.add_argument("--node", metavar="NAME", help="Slurm NodeName of this node (default: the short host name)")
+    check.add_argument("--resume-after", metavar="SECONDS",
+                       help=f"healthy time before --resume acts: 600, 10m... "
+                            f"(default {slurm.DEFAULT_RESUME_AFTER:g})")
+    check.add_argument("--min-interval", metavar="SECONDS",
+                       help=f"at most one drain or resume per this time, 0 for no limit "
+                            f"(default {slurm.DEFAULT_MIN_INTERVAL:g})")
+    check.add_argument("--state-file", metavar="PATH", default=slurm.DEFAULT_STATE_FILE,
+                       help="where --drain/--resume remember the healthy time and the last action "
+                            f"(default {slurm.DEFAULT_STATE_FILE})")
     text = "poll the configured backend like `run` (serving nothing) and write what it reports to a trace"
     record = sub.add_parser("record", help=text, description=f"{text} (format: docs/trace-format.md)")
     configuration.add_arguments(record)
@@ -182,15 +206,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list_scenarios()
         overrides = {"backend": "simulated", "sim_faults": True}
     duration = None
+    drain = None
     try:
         config = configuration.load(args, overrides=overrides)
         if args.command == "record" and args.duration is not None:
             duration = configuration.parse_duration("--duration", args.duration)
+        if args.command == "check":
+            drain = _drain_settings(args)
     except ConfigError as exc:
         print(f"gpuwatch: configuration error: {exc}", file=sys.stderr)
         return EX_CONFIG
     if args.command == "check":
-        return _check(config)
+        if drain is not None:
+            logs.configure(config.log_level, config.log_format)
+        return _check(config, drain)
     logs.configure(config.log_level, config.log_format)
     try:
         if args.command == "record":
@@ -254,20 +283,26 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_requested.set())
     try:
         bound = agent.serve()
+    except ConfigError as exc:  # the web config file changed between the check at start and now
+        print(f"gpuwatch: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
     except OSError as exc:
         log.error("listen_failed", addresses=list(config.listen_addresses), error=str(exc),
                   hint="another process uses the port, or the address is not on this host: "
                        "pick one with --web.listen-address")
         return 1
     agent.poller.start()
-    log.info("started", version=__version__, backend=agent.backend.name, listen=bound,
+    assert agent.http is not None
+    web = agent.http.web_config
+    log.info("started", version=__version__, backend=agent.backend.name, listen=bound, scheme=agent.http.scheme,
+             basic_auth=web is not None and web.basic_auth, max_requests=config.web_max_requests,
              telemetry_path=config.telemetry_path, poll_interval=config.poll_interval,
              poll_slow_interval=config.poll_slow_interval)
     viewer = None
     if demo:
         from gpuwatch.live import LiveView
 
-        urls = [f"http://{_display_host(b)}{config.telemetry_path}" for b in bound]
+        urls = [f"{agent.http.scheme}://{_display_host(b)}{config.telemetry_path}" for b in bound]
         what = (f"scenario {config.sim_scenario}" if config.sim_scenario
                 else f"simulated {config.sim_gpus}-GPU node ({config.sim_profile}) with a tour of faults")
         print(f"gpuwatch demo: {what}; scrape {' or '.join(urls)}; Ctrl-C stops.", file=sys.stderr, flush=True)
@@ -383,39 +418,78 @@ def _record(config: Config, output: str, duration: float | None) -> int:
     return 0
 
 
-def _check(config: Config) -> int:
-    """Exit 0 healthy (warnings are printed), 1 on a critical anomaly, 2 when the state is unknown."""
-    import urllib.error
-    import urllib.request
+def _drain_settings(args: argparse.Namespace) -> slurm.Settings | None:
+    """`check --drain/--resume` and their options (docs/slurm.md); None without either. ConfigError if bad."""
+    if not (args.drain or args.resume):
+        return None
+    return slurm.Settings(
+        node=args.node or slurm.default_node_name(), drain=args.drain, resume=args.resume, dry_run=args.dry_run,
+        resume_after=slurm.DEFAULT_RESUME_AFTER if args.resume_after is None
+        else slurm.parse_seconds("--resume-after", args.resume_after),
+        min_interval=slurm.DEFAULT_MIN_INTERVAL if args.min_interval is None
+        else slurm.parse_seconds("--min-interval", args.min_interval),
+        state_file=args.state_file)
 
+
+def _check(config: Config, drain: slurm.Settings | None = None) -> int:
+    """Exit 0 healthy (warnings are printed), 1 on a critical anomaly, 2 when the state is unknown.
+
+    With ``drain`` (--drain/--resume) the node is then drained or resumed in Slurm (gpuwatch/slurm.py,
+    docs/slurm.md); the exit code stays the check's verdict whatever happens there.
+    """
+    rc, document = _check_status(config)
+    if drain is not None:
+        for line in slurm.enforce(document, drain).lines:
+            print(line)
+    return rc
+
+
+def _check_status(config: Config) -> tuple[int, dict[str, Any] | None]:
+    """Print the check's lines; (exit code, the status document or None when it could not be read).
+
+    Speaks what the daemon serves: with the same web config file it uses https (pinned to the
+    daemon's own certificate, tls_server_config.cert_file), basic auth with --check.username and
+    --check.password-file, and a client certificate with --check.client-cert-file (docs/security.md).
+    """
     from gpuwatch.config import parse_listen_address
     from gpuwatch.exporter.http import STATUS_PATH
 
     host, port = parse_listen_address(config.listen_addresses[0])
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}{STATUS_PATH}"
+    web = webconfig.load(config.web_config_file) if config.web_config_file else None  # checked at start already
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}{STATUS_PATH}"
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            document = json.load(response)
+        password = webconfig.read_secret(config.check_password_file) if config.check_password_file else None
+        status, body = webconfig.local_get(host, port, STATUS_PATH, web, username=config.check_username,
+                                           password=password, client_cert=config.check_client_cert_file,
+                                           client_key=config.check_client_key_file, timeout=5)
+        if status == 401:
+            raise webconfig.LocalRequestError(
+                "401 Unauthorized: " + ("--check.username or --check.password-file is wrong" if config.check_username
+                                        else "the daemon asks for basic auth: set --check.username and "
+                                             "--check.password-file"))
+        if status != 200:
+            raise webconfig.LocalRequestError(f"HTTP {status}: {body[:200].decode(errors='replace').strip()}")
+        document = json.loads(body)
     except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        print(f"gpuwatch: UNKNOWN: cannot read the daemon's status at {url}: {reason} "
+        print(f"gpuwatch: UNKNOWN: cannot read the daemon's status at {url}: {exc} "
               "(is gpuwatch running? `systemctl status gpuwatch`)")
-        return 2
+        return 2, None
     if not document["backend"]["up"]:
         print(f"gpuwatch: UNKNOWN: backend {document['backend']['name']} down: {document['backend']['reason']}")
-        return 2
+        return 2, document
     if not document["fresh"]:
         age = document["polls"]["fast"]["age_seconds"]
         print(f"gpuwatch: UNKNOWN: data is stale (last fast poll {age} s ago)")
-        return 2
+        return 2, document
     problems = [a for a in document["anomalies"] if a["severity"] in ("critical", "warning")]
     for a in problems:
         where = f"GPU {a['gpu']} " if a["gpu"] is not None else ""
         print(f"gpuwatch: {a['severity'].upper()}: {where}{a['rule']}: {a['summary']}")
     if not problems:
         print(f"gpuwatch: OK ({len(document['gpus'])} GPUs)")
-    return 1 if any(a["severity"] == "critical" for a in problems) else 0
+    return (1 if any(a["severity"] == "critical" for a in problems) else 0), document
 
 
 def _display_host(bound: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from gpuwatch import webconfig
 from gpuwatch.errors import ConfigError
 from gpuwatch.logs import FORMATS, LEVELS
 
@@ -56,6 +57,12 @@ class Config:
     rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
     rules_window: float = 300.0  # seconds of history the rules may look back
     rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # YAML `rules:` per-rule settings
+    web_config_file: str | None = None  # exporter-toolkit web config: TLS, mTLS, basic auth (docs/security.md)
+    web_max_requests: int = 40  # requests worked on at once, more get 503; 0: no limit
+    check_username: str | None = None  # `gpuwatch check` against a daemon with basic_auth_users
+    check_password_file: str | None = None
+    check_client_cert_file: str | None = None  # `gpuwatch check` against a daemon that requires client certs
+    check_client_key_file: str | None = None
 
     def staleness(self, tier: str) -> float:
         """Readings of ``tier`` older than this are not exported."""
@@ -154,6 +161,26 @@ def _directory(name: str) -> Callable[[Any], str]:
     return parse
 
 
+def _web_config_file(value: Any) -> str:
+    """The path, once the whole file (and the certificate, key and CA files it names) has been checked."""
+    path = str(value)
+    webconfig.load(path)  # ConfigError naming the file and the key: exit 78 at start
+    return path
+
+
+def _readable(name: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value)
+        try:
+            with open(text, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{name}: cannot read {text!r}: {exc.strerror or exc}") from None
+        return text
+
+    return parse
+
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -245,6 +272,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("web.listen-address", "listen_addresses", _addresses,
            f"address to serve on, HOST:PORT, repeatable (default :{DEFAULT_PORT})", repeatable=True),
     Option("web.telemetry-path", "telemetry_path", _path, "path of the metrics endpoint (default /metrics)"),
+    Option("web.config.file", "web_config_file", _web_config_file,
+           "TLS and basic auth: web config file in node_exporter's format (docs/security.md; default: plain HTTP)"),
+    Option("web.max-requests", "web_max_requests", _int("web.max-requests", 0, 10000),
+           "requests served at once; more get 503 (default 40; 0: no limit)"),
     Option("poll.interval", "poll_interval", _float("poll.interval"),
            "seconds between fast polls: temperatures, fans, power, clocks (default 2)"),
     Option("poll.slow-interval", "poll_slow_interval", _float("poll.slow-interval"),
@@ -279,6 +310,14 @@ OPTIONS: tuple[Option, ...] = (
            "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),
     Option("rules.window", "rules_window", _float("rules.window"),
            "seconds of history the anomaly rules look back (default 300)"),
+    Option("check.username", "check_username", str,
+           "gpuwatch check: basic auth user, when the web config file has basic_auth_users"),
+    Option("check.password-file", "check_password_file", _readable("check.password-file"),
+           "gpuwatch check: file whose first line is that user's password"),
+    Option("check.client-cert-file", "check_client_cert_file", _readable("check.client-cert-file"),
+           "gpuwatch check: client certificate (PEM) for a daemon that requires one (mTLS)"),
+    Option("check.client-key-file", "check_client_key_file", _readable("check.client-key-file"),
+           "gpuwatch check: key of that certificate (default: read from the certificate file)"),
 )
 _BY_FIELD = {o.field: o for o in OPTIONS}
 
@@ -371,6 +410,10 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
         )
     if config.backend == "replay" and config.replay_file is None:
         raise ConfigError("backend replay needs --replay.file FILE, a trace written by `gpuwatch record`")
+    if (config.check_username is None) != (config.check_password_file is None):
+        raise ConfigError("check.username and check.password-file go together")
+    if config.check_client_key_file is not None and config.check_client_cert_file is None:
+        raise ConfigError("check.client-key-file needs check.client-cert-file")
     if config.poll_staleness is not None and config.poll_staleness < config.poll_interval:
         raise ConfigError(
             f"poll.staleness ({config.poll_staleness:g} s) must be at least poll.interval ({config.poll_interval:g} s)"

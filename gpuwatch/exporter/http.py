@@ -2,6 +2,12 @@
 
 A small WSGI app served by the stdlib's threading WSGI server, one server per listen address.
 Nothing here touches a backend: every answer is built from the store's latest snapshot.
+
+``HttpServers`` puts the web configuration file (``gpuwatch.webconfig``, docs/security.md) in
+front of the app: TLS (and mTLS) on every listener, basic auth on every path, the configured
+response headers, and ``--web.max-requests``: at most that many requests are worked on at once,
+the next one gets 503 at once. A failed TLS handshake, a plain HTTP request on a TLS listener, a
+malformed request or a client that goes away is a debug event, never a traceback or a dead thread.
 """
 
 from __future__ import annotations
@@ -10,22 +16,26 @@ import gzip
 import html
 import json
 import socket
+import ssl
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from gpuwatch import __version__
+from gpuwatch import __version__, logs
 from gpuwatch.config import parse_listen_address
+from gpuwatch.exporter import Exposition
 from gpuwatch.exporter.collector import tier_fresh
 from gpuwatch.model import NodeSnapshot
 from gpuwatch.status import status_document
+from gpuwatch.webconfig import REALM, Authenticator, WebConfig, WebConfigSource
 
 StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 STATUS_PATH = "/api/v1/status"
 
 
@@ -58,9 +68,9 @@ LANDING = """<!DOCTYPE html>
 class App:
     """The WSGI application."""
 
-    def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], NodeSnapshot],
+    def __init__(self, exposition: Exposition, snapshot: Callable[[], NodeSnapshot],
                  monotonic: Callable[[], float], telemetry_path: str, staleness: Callable[[str], float]) -> None:
-        self._registry = registry
+        self._exposition = exposition
         self._snapshot = snapshot
         self._monotonic = monotonic
         self._path = telemetry_path
@@ -90,8 +100,8 @@ class App:
                       head=method == "HEAD")
 
     def _metrics(self, environ: dict[str, Any], start_response: StartResponse, method: str) -> Iterable[bytes]:
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        body = encoder(self._registry)
+        _, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        body = self._exposition.render(openmetrics=content_type.startswith("application/openmetrics-text"))
         extra = []
         if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "") and len(body) > 1024:
             body = gzip.compress(body, compresslevel=1)
@@ -106,14 +116,163 @@ def _reply(start_response: StartResponse, status: str, body: bytes, content_type
     return [] if head else [body]
 
 
+class Guard:
+    """WSGI middleware: parallel-request limit, basic auth and the configured headers, on every path.
+
+    node_exporter (exporter-toolkit) asks for credentials on every path, /healthz included; so does
+    gpuwatch. The limit counts requests being worked on (auth checks included, so a flood of bad
+    passwords cannot spend more than ``max_requests`` threads on bcrypt); 0 means no limit.
+    """
+
+    def __init__(self, app: WsgiApp, source: WebConfigSource | None = None, max_requests: int = 0) -> None:
+        if max_requests < 0:
+            raise ValueError("max_requests must be 0 (no limit) or more")
+        self._app = app
+        self._source = source
+        self._max = max_requests
+        self._slots = threading.BoundedSemaphore(max_requests) if max_requests > 0 else None
+        self._auth = Authenticator()
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        config = self._source.current() if self._source is not None else None
+        head = environ.get("REQUEST_METHOD") == "HEAD"
+        respond = start_response
+        if config is not None and config.headers:
+            respond = _with_headers(start_response, config.headers)
+        if self._slots is not None and not self._slots.acquire(blocking=False):
+            _log().debug("http_request_rejected", reason="max_requests", max_requests=self._max,
+                         peer=environ.get("REMOTE_ADDR"), path=environ.get("PATH_INFO"))
+            return _reply(respond, "503 Service Unavailable",
+                          f"too many parallel requests (at most {self._max}, --web.max-requests); "
+                          "try again later\n".encode(), extra=[("Retry-After", "1")], head=head)
+        try:
+            if config is not None and config.users:
+                user = self._auth.verify(config.users, environ.get("HTTP_AUTHORIZATION"))
+                if user is None:
+                    _log().debug("http_unauthorized", peer=environ.get("REMOTE_ADDR"), path=environ.get("PATH_INFO"),
+                                 credentials="HTTP_AUTHORIZATION" in environ)
+                    return _reply(respond, "401 Unauthorized", b"Unauthorized\n",
+                                  extra=[("WWW-Authenticate", f'Basic realm="{REALM}"')], head=head)
+                environ["REMOTE_USER"] = user
+            return self._app(environ, respond)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
+
+def _with_headers(start_response: StartResponse, extra: tuple[tuple[str, str], ...]) -> StartResponse:
+    def respond(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        present = {name.lower() for name, _ in headers}
+        return start_response(status, headers + [(n, v) for n, v in extra if n.lower() not in present], exc_info)
+
+    return respond
+
+
+def _log() -> Any:
+    return logs.get_logger(component="http")  # at the time of the event: logs.configure() may come later
+
+
+REQUEST_TIMEOUT = 30.0  # seconds a connection may take per read or write (TLS handshake included)
+PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+                b"Client sent an HTTP request to an HTTPS server.\n")
+
+
+def _reason(exc: BaseException) -> str:
+    return str(getattr(exc, "reason", None) or exc or type(exc).__name__)
+
+
+class _ServerHandler(ServerHandler):
+    def log_exception(self, exc_info: Any) -> None:
+        exc = exc_info[1]
+        if isinstance(exc, OSError):  # the client went away or timed out, a TLS error mid-response
+            _log().debug("http_connection_error", error=_reason(exc))
+        else:  # a bug in the app: worth a traceback, in the log's own format
+            _log().error("http_handler_failed", error=repr(exc), exc_info=exc_info)
+
+
 class _Handler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass  # scrapes are not worth a log line each
+
+    def get_environ(self) -> dict[str, Any]:
+        environ = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            environ["HTTPS"] = "on"  # wsgi.url_scheme = https
+        return environ
+
+    def handle(self) -> None:
+        # WSGIRequestHandler.handle with a ServerHandler that logs through structlog
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = ""
+            self.request_version = ""
+            self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():
+            return
+        handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        handler.request_handler = self  # type: ignore[attr-defined]
+        handler.run(self.server.get_app())  # type: ignore[attr-defined]
 
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = socket.SOMAXCONN  # a burst of scrapes waits in the backlog, it is not dropped
+    web: WebConfigSource | None = None  # set when the listener speaks TLS
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Runs in the connection's own thread: TLS handshake there, never in the accept loop."""
+        peer = client_address[0] if isinstance(client_address, tuple) else str(client_address)
+        try:
+            request.settimeout(REQUEST_TIMEOUT)
+            if self.web is None:
+                self.RequestHandlerClass(request, client_address, self)
+                return
+            tls = self.web.current().tls
+            assert tls is not None and tls.context is not None
+            first = request.recv(1, socket.MSG_PEEK)
+            if not first:
+                return
+            if first != b"\x16" and first.isalpha():  # not a TLS handshake record but an HTTP method
+                _log().debug("http_plain_request_on_tls_listener", peer=peer)
+                _drain_head(request)
+                request.sendall(PLAIN_ON_TLS)
+                return
+            try:
+                connection = tls.context.wrap_socket(request, server_side=True)
+            except (OSError, ValueError) as exc:
+                _log().debug("tls_handshake_failed", peer=peer, error=_reason(exc))
+                return
+            try:
+                self.RequestHandlerClass(connection, client_address, self)
+            finally:
+                try:
+                    connection.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                connection.close()
+        except (OSError, ValueError) as exc:
+            _log().debug("http_connection_error", peer=peer, error=_reason(exc))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver would print a traceback to stderr; nothing a client does deserves one
+        exc = sys.exc_info()[1]
+        _log().debug("http_connection_error", peer=str(client_address), error=_reason(exc) if exc else "unknown")
+
+
+def _drain_head(sock: socket.socket, limit: int = 65536) -> None:
+    """Read what a plain HTTP client sent up to the end of its headers, so that closing does not reset."""
+    tail, total = b"", 0
+    while total < limit:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return
+        total += len(chunk)
+        tail = tail[-3:] + chunk
+        if b"\r\n\r\n" in tail:
+            return
 
 
 class _Server6(_Server):
@@ -125,35 +284,46 @@ class _Server6(_Server):
         super().server_bind()
 
 
-def _make_server(address: str, app: App) -> WSGIServer:
+def _make_server(address: str, app: WsgiApp, web: WebConfigSource | None = None) -> WSGIServer:
     host, port = parse_listen_address(address)
     if host == "":
         try:
-            return _make(_Server6, "::", port, app)
+            return _make(_Server6, "::", port, app, web)
         except OSError:
-            return _make(_Server, "0.0.0.0", port, app)
+            return _make(_Server, "0.0.0.0", port, app, web)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     if family == socket.AF_INET6:
         class _V6Only(_Server):
             address_family = socket.AF_INET6
-        return _make(_V6Only, host, port, app)
-    return _make(_Server, host, port, app)
+        return _make(_V6Only, host, port, app, web)
+    return _make(_Server, host, port, app, web)
 
 
-def _make(cls: type[WSGIServer], host: str, port: int, app: App) -> WSGIServer:
+def _make(cls: type[_Server], host: str, port: int, app: WsgiApp, web: WebConfigSource | None) -> WSGIServer:
     server = cls((host, port), _Handler)
     server.set_app(app)
+    server.web = web
     return server
 
 
 class HttpServers:
-    """One listening server per address, each served by a daemon thread."""
+    """One listening server per address, each served by a daemon thread.
 
-    def __init__(self, addresses: Iterable[str], app: App) -> None:
+    ``web_config`` (from ``gpuwatch.webconfig.load``) adds TLS, basic auth and headers, and is
+    re-read while serving when its files change; ``max_requests`` limits the requests worked on at
+    once over all addresses (0: no limit; --web.max-requests, default 40 as node_exporter).
+    """
+
+    def __init__(self, addresses: Iterable[str], app: WsgiApp, web_config: WebConfig | None = None,
+                 max_requests: int = 40) -> None:
+        self.web_config = web_config
+        source = WebConfigSource(web_config) if web_config is not None else None
+        self.app = Guard(app, source, max_requests)
+        tls_source = source if web_config is not None and web_config.tls is not None else None
         self.servers: list[WSGIServer] = []
         try:
             for address in addresses:
-                self.servers.append(_make_server(address, app))
+                self.servers.append(_make_server(address, self.app, tls_source))
         except OSError:
             self.close()
             raise
@@ -162,6 +332,10 @@ class HttpServers:
                              name=f"gpuwatch-http-{i}", daemon=True)
             for i, s in enumerate(self.servers)
         ]
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.web_config is not None and self.web_config.tls is not None else "http"
 
     def bound(self) -> list[str]:
         result = []

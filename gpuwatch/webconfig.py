@@ -1,0 +1,629 @@
+"""The web configuration file (``--web.config.file``) in the Prometheus exporter-toolkit format.
+
+The same file node_exporter reads, so operators keep one format for every exporter on a node::
+
+    tls_server_config:
+      cert_file: /etc/gpuwatch/tls/gpuwatch.crt
+      key_file: /etc/gpuwatch/tls/gpuwatch.key
+      client_auth_type: RequireAndVerifyClientCert   # mTLS
+      client_ca_file: /etc/gpuwatch/tls/clients-ca.crt
+      min_version: TLS12
+    http_server_config:
+      headers: {X-Content-Type-Options: nosniff}
+    basic_auth_users:
+      prometheus: $2y$10$...                          # bcrypt hash
+
+``load()`` parses and validates it completely (YAML, keys, bcrypt hashes, certificate, key and CA
+files, TLS versions and ciphers) into a ``WebConfig`` whose ``tls.context`` is ready to serve;
+every problem is a ``ConfigError`` naming the file and the key. ``WebConfigSource`` re-reads the
+file, and the files it names, when one of them changes (certificate rotation without a restart, as
+the toolkit does); a broken edit keeps the previous configuration in effect. ``Authenticator``
+checks basic-auth credentials against the bcrypt hashes and caches successes, so a scrape does not
+pay the ~70 ms of a cost-10 hash each time. ``local_get()`` is the client side for
+``gpuwatch check``. docs/security.md describes the format, gpuwatch's differences from the
+toolkit and the behaviour.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import os
+import re
+import ssl
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import bcrypt
+import yaml
+
+from gpuwatch import logs
+from gpuwatch.errors import ConfigError
+
+REALM = "gpuwatch"
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+# client_auth_type as the toolkit spells it -> what gpuwatch does (docs/security.md).
+CLIENT_AUTH_TYPES = (
+    "NoClientCert",  # no client certificate asked for
+    "RequestClientCert",  # the toolkit asks but never verifies: the same as NoClientCert for access
+    "VerifyClientCertIfGiven",  # a certificate is optional; one that is sent must chain to client_ca_file
+    "RequireAndVerifyClientCert",  # mTLS: a certificate that chains to client_ca_file is required
+)
+UNSUPPORTED_CLIENT_AUTH = ("RequireAnyClientCert", "RequireClientCert")  # "any certificate, unverified"
+
+# Go cipher suite names (crypto/tls CipherSuites(), the ones the toolkit accepts) -> OpenSSL names.
+# They apply to TLS 1.2 and below, as in Go (TLS 1.3 suites are not configurable).
+CIPHER_SUITES = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+
+# Go curve names -> OpenSSL names. Python's ssl module can limit key exchange to one group only:
+# gpuwatch uses the first (most preferred) entry of curve_preferences.
+CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
+
+# http_server_config.headers the toolkit lets an operator set, with the values it allows (None: any).
+HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+
+KEYS = {
+    "": ("tls_server_config", "http_server_config", "basic_auth_users"),
+    "tls_server_config": ("cert_file", "key_file", "client_auth_type", "client_ca_file", "cipher_suites",
+                          "curve_preferences", "min_version", "max_version", "prefer_server_cipher_suites"),
+    "http_server_config": ("http2", "headers"),
+}
+# Keys of newer exporter-toolkit versions that gpuwatch does not implement, with what to do instead.
+NEWER_KEYS = {
+    "rate_limit": "limit parallel requests with --web.max-requests instead",
+    "tls_server_config.client_allowed_sans": "issue client certificates from a CA used only for scrapers instead",
+    "tls_server_config.cert": "put the certificate in a file and name it in cert_file",
+    "tls_server_config.key": "put the key in a file and name it in key_file",
+    "tls_server_config.client_ca": "put the CA certificates in a file and name it in client_ca_file",
+}
+
+_BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+HASH_HINT = "write one with `htpasswd -nBC 10 \"\" | tr -d ':\\n'` or docs/security.md"
+# A valid bcrypt hash (cost 10) checked when the user name is unknown, so that the answer takes as
+# long as for a known user and user names cannot be found by timing (as the toolkit does).
+_DUMMY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+_BCRYPT_MAX = 72  # bcrypt uses the first 72 bytes of a password (Go and htpasswd do the same)
+
+
+@dataclass(frozen=True)
+class TlsServerConfig:
+    cert_file: str
+    key_file: str
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: str | None = None
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+    cipher_suites: tuple[str, ...] = ()
+    curve_preferences: tuple[str, ...] = ()
+    prefer_server_cipher_suites: bool = True
+    context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def requires_client_cert(self) -> bool:
+        return self.client_auth_type == "RequireAndVerifyClientCert"
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    path: str | None = None
+    tls: TlsServerConfig | None = None
+    users: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # user -> bcrypt hash
+    headers: tuple[tuple[str, str], ...] = ()
+    http2: bool = True  # accepted for compatibility; gpuwatch serves HTTP/1.x only
+
+    @property
+    def basic_auth(self) -> bool:
+        return bool(self.users)
+
+    def files(self) -> tuple[str, ...]:
+        """The files this configuration was built from (watched for changes)."""
+        found = [self.path] if self.path else []
+        if self.tls is not None:
+            found += [self.tls.cert_file, self.tls.key_file]
+            if self.tls.client_ca_file:
+                found.append(self.tls.client_ca_file)
+        return tuple(found)
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice (the toolkit's strict YAML does the same)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load(path: str | os.PathLike[str]) -> WebConfig:
+    """Read and validate a web configuration file; every problem raises ConfigError naming it."""
+    path = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"web config file {path}: cannot read it: {reason}") from None
+    return parse(text, path)
+
+
+def parse(text: str, path: str) -> WebConfig:
+    """Validate the text of a web configuration file; relative file names are relative to its folder."""
+    where = f"web config file {path}"
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{where} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping (tls_server_config, http_server_config, "
+                          "basic_auth_users)")
+    base = os.path.dirname(os.path.abspath(path))
+    _known(data, "", where)
+    tls = _tls(data.get("tls_server_config"), base, where)
+    users = _users(data.get("basic_auth_users"), where)
+    headers, http2 = _http(data.get("http_server_config"), where)
+    return WebConfig(path=path, tls=tls, users=MappingProxyType(users), headers=headers, http2=http2)
+
+
+def _known(section: Mapping[Any, Any], name: str, where: str) -> None:
+    for key in section:
+        dotted = f"{name}.{key}" if name else str(key)
+        if key in KEYS[name]:
+            continue
+        if dotted in NEWER_KEYS:
+            raise ConfigError(f"{where}: {dotted} (a newer exporter-toolkit key) is not supported by gpuwatch: "
+                              f"{NEWER_KEYS[dotted]}")
+        raise ConfigError(f"{where}: unknown key {dotted!r}; known keys{' in ' + name if name else ''}: "
+                          f"{', '.join(KEYS[name])}")
+
+
+def _section(value: Any, name: str, where: str) -> dict[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {name} must be a mapping, got {value!r}")
+    return value
+
+
+def _string(section: Mapping[str, Any], key: str, name: str, where: str) -> str | None:
+    value = section.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {name}.{key} must be a string, got {value!r}")
+    return value
+
+
+def _strings(section: Mapping[str, Any], key: str, name: str, where: str) -> tuple[str, ...]:
+    value = section.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: {name}.{key} must be a list of names, got {value!r}")
+    return tuple(value)
+
+
+def _readable(base: str, value: str, name: str, marker: str, what: str, where: str) -> str:
+    """The absolute file name, after checking that the file can be read and holds a PEM ``marker``."""
+    resolved = value if os.path.isabs(value) else os.path.join(base, value)
+    try:
+        content = Path(resolved).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: {name}: cannot read {resolved}: {exc.strerror or exc}") from None
+    if marker.encode() not in content:
+        raise ConfigError(f"{where}: {name}: {resolved} holds no PEM {what} ('{marker}')")
+    return resolved
+
+
+def _tls(value: Any, base: str, where: str) -> TlsServerConfig | None:
+    section = _section(value, "tls_server_config", where)
+    _known(section, "tls_server_config", where)
+    name = "tls_server_config"
+    cert = _string(section, "cert_file", name, where)
+    key = _string(section, "key_file", name, where)
+    if cert is None and key is None:
+        if any(section.get(k) not in (None, "", []) for k in ("client_auth_type", "client_ca_file", "cipher_suites",
+                                                            "curve_preferences")):
+            raise ConfigError(f"{where}: tls_server_config needs cert_file and key_file")
+        return None
+    if cert is None:
+        raise ConfigError(f"{where}: tls_server_config.cert_file is missing (key_file is set)")
+    if key is None:
+        raise ConfigError(f"{where}: tls_server_config.key_file is missing (cert_file is set)")
+    cert = _readable(base, cert, f"{name}.cert_file", "-----BEGIN CERTIFICATE-----", "certificate", where)
+    key = _readable(base, key, f"{name}.key_file", "PRIVATE KEY-----", "private key", where)
+
+    auth = _string(section, "client_auth_type", name, where) or "NoClientCert"
+    if auth in UNSUPPORTED_CLIENT_AUTH:
+        raise ConfigError(f"{where}: {name}.client_auth_type {auth} (any client certificate, never verified) is "
+                          "not supported by gpuwatch: use RequireAndVerifyClientCert with client_ca_file")
+    if auth not in CLIENT_AUTH_TYPES:
+        raise ConfigError(f"{where}: {name}.client_auth_type {auth!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
+    ca = _string(section, "client_ca_file", name, where)
+    if ca is not None:
+        ca = _readable(base, ca, f"{name}.client_ca_file", "-----BEGIN CERTIFICATE-----", "certificate", where)
+        if auth in ("NoClientCert", "RequestClientCert"):
+            raise ConfigError(f"{where}: {name}.client_ca_file is set but client_auth_type is {auth}: "
+                              "set client_auth_type: RequireAndVerifyClientCert to require client certificates")
+    elif auth in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert"):
+        raise ConfigError(f"{where}: {name}.client_auth_type {auth} needs client_ca_file, the CA that signs the "
+                          "scrapers' certificates (gpuwatch does not trust the system CAs for clients)")
+
+    versions = []
+    for which, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        version = _string(section, which, name, where) or default
+        if version not in TLS_VERSIONS:
+            raise ConfigError(f"{where}: {name}.{which} {version!r} is not one of {', '.join(TLS_VERSIONS)}")
+        versions.append(version)
+    if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
+        raise ConfigError(f"{where}: {name}.min_version {versions[0]} is newer than max_version {versions[1]}")
+
+    ciphers = _strings(section, "cipher_suites", name, where)
+    for cipher in ciphers:
+        if cipher not in CIPHER_SUITES:
+            raise ConfigError(f"{where}: {name}.cipher_suites: unknown cipher suite {cipher!r} "
+                              "(Go names, e.g. TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)")
+    curves = _strings(section, "curve_preferences", name, where)
+    for curve in curves:
+        if curve not in CURVES:
+            raise ConfigError(f"{where}: {name}.curve_preferences: unknown curve {curve!r}; "
+                              f"known: {', '.join(CURVES)}")
+    prefer = section.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise ConfigError(f"{where}: {name}.prefer_server_cipher_suites must be true or false, got {prefer!r}")
+
+    config = TlsServerConfig(cert_file=cert, key_file=key, client_auth_type=auth, client_ca_file=ca,
+                             min_version=versions[0], max_version=versions[1], cipher_suites=ciphers,
+                             curve_preferences=curves, prefer_server_cipher_suites=prefer)
+    return TlsServerConfig(**{**_fields(config), "context": server_context(config, where)})
+
+
+def _fields(config: TlsServerConfig) -> dict[str, Any]:
+    return {f: getattr(config, f) for f in TlsServerConfig.__dataclass_fields__}
+
+
+def server_context(config: TlsServerConfig, where: str = "web config") -> ssl.SSLContext:
+    """An SSLContext for the listening side; ConfigError when OpenSSL refuses a part of it."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_VERSIONS[config.min_version]
+    context.maximum_version = TLS_VERSIONS[config.max_version]
+    if config.prefer_server_cipher_suites:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    asked = []
+
+    def no_password() -> bytes:  # never let OpenSSL prompt on a terminal for an encrypted key
+        asked.append(True)
+        return b""
+
+    try:
+        context.load_cert_chain(config.cert_file, config.key_file, password=no_password)
+    except (ssl.SSLError, OSError) as exc:
+        if asked:
+            problem = "the key is encrypted; gpuwatch (like node_exporter) needs an unencrypted key file"
+        elif "KEY_VALUES_MISMATCH" in str(exc):
+            problem = "the private key does not match the certificate"
+        else:
+            problem = getattr(exc, "reason", None) or str(exc)
+        raise ConfigError(f"{where}: tls_server_config: cannot use cert_file {config.cert_file} with key_file "
+                          f"{config.key_file}: {problem}") from None
+    if config.client_ca_file:
+        try:
+            context.load_verify_locations(cafile=config.client_ca_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"{where}: tls_server_config.client_ca_file {config.client_ca_file}: "
+                              f"{getattr(exc, 'reason', None) or exc}") from None
+    context.verify_mode = {
+        "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+        "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+    }.get(config.client_auth_type, ssl.CERT_NONE)
+    if config.cipher_suites:
+        names = [CIPHER_SUITES[c] for c in config.cipher_suites]
+        try:
+            context.set_ciphers(":".join(names))
+        except ssl.SSLError:
+            raise ConfigError(f"{where}: tls_server_config.cipher_suites: none of {', '.join(config.cipher_suites)} "
+                              "is available in this OpenSSL") from None
+        available = {c["name"] for c in context.get_ciphers()}
+        missing = [g for g, o in zip(config.cipher_suites, names) if o not in available]
+        if missing:
+            raise ConfigError(f"{where}: tls_server_config.cipher_suites: {', '.join(missing)} "
+                              "not available in this OpenSSL")
+    if config.curve_preferences:
+        try:
+            context.set_ecdh_curve(CURVES[config.curve_preferences[0]])
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"{where}: tls_server_config.curve_preferences: {exc}") from None
+    return context
+
+
+def _users(value: Any, where: str) -> dict[str, str]:
+    section = _section(value, "basic_auth_users", where)
+    users = {}
+    for user, hashed in section.items():
+        if not isinstance(user, str) or not user:
+            raise ConfigError(f"{where}: basic_auth_users: user name {user!r} must be a non-empty string (quote it)")
+        if ":" in user:
+            raise ConfigError(f"{where}: basic_auth_users: user name {user!r} contains ':', which basic auth "
+                              "cannot carry")
+        if not isinstance(hashed, str):
+            raise ConfigError(f"{where}: basic_auth_users.{user}: expected a bcrypt hash string ({HASH_HINT})")
+        match = _BCRYPT.fullmatch(hashed)
+        if match is None:
+            raise ConfigError(f"{where}: basic_auth_users.{user}: not a bcrypt hash: passwords are stored as "
+                              f"bcrypt hashes ($2y$10$ and 53 more characters), never in clear; {HASH_HINT}")
+        if not 4 <= int(match.group(1)) <= 31:
+            raise ConfigError(f"{where}: basic_auth_users.{user}: bcrypt cost {match.group(1)} is outside 4-31")
+        users[user] = hashed
+    return users
+
+
+def _http(value: Any, where: str) -> tuple[tuple[tuple[str, str], ...], bool]:
+    section = _section(value, "http_server_config", where)
+    _known(section, "http_server_config", where)
+    http2 = section.get("http2", True)
+    if not isinstance(http2, bool):
+        raise ConfigError(f"{where}: http_server_config.http2 must be true or false, got {http2!r}")
+    headers = _section(section.get("headers"), "http_server_config.headers", where)
+    result = []
+    for name, text in headers.items():
+        if name not in HEADERS:
+            raise ConfigError(f"{where}: http_server_config.headers: {name!r} cannot be configured; "
+                              f"allowed: {', '.join(HEADERS)}")
+        if not isinstance(text, str) or any(c in text for c in "\r\n"):
+            raise ConfigError(f"{where}: http_server_config.headers.{name} must be a one-line string")
+        allowed = HEADERS[name]
+        if allowed is not None and text not in allowed:
+            raise ConfigError(f"{where}: http_server_config.headers.{name} must be one of "
+                              f"{', '.join(allowed)}; got {text!r}")
+        result.append((name, text))
+    return tuple(result), http2
+
+
+# -- reloading -------------------------------------------------------------------------------------
+
+def _signature(files: tuple[str, ...]) -> tuple[Any, ...]:
+    result = []
+    for name in files:
+        try:
+            st = os.stat(name)
+            result.append((name, st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev))
+        except OSError:
+            result.append((name, None))
+    return tuple(result)
+
+
+class WebConfigSource:
+    """The web configuration in effect, re-read when its file or a file it names changes.
+
+    ``current()`` is called for every connection and request: it costs one stat() per file. A new
+    version that does not load is logged once and the previous one stays in effect; TLS cannot be
+    switched on or off without a restart (the listeners' scheme is fixed at start).
+    """
+
+    def __init__(self, config: WebConfig) -> None:
+        self._config = config
+        self._signature = _signature(config.files())
+        self._refused: tuple[Any, ...] | None = None
+        self._lock = threading.Lock()
+
+    def current(self) -> WebConfig:
+        config = self._config
+        if config.path is None:
+            return config
+        signature = _signature(config.files())
+        if signature == self._signature or signature == self._refused:
+            return config
+        with self._lock:
+            if self._config is not config:  # another thread reloaded meanwhile
+                return self._config
+            try:
+                new = load(config.path)
+                if (new.tls is None) != (config.tls is None):
+                    raise ConfigError(f"web config file {config.path}: TLS cannot be switched "
+                                      f"{'on' if new.tls else 'off'} while gpuwatch runs")
+            except ConfigError as exc:
+                if signature != self._refused:
+                    self._refused = signature
+                    logs.get_logger(component="http").error(
+                        "web_config_reload_failed", error=str(exc),
+                        hint="the previous web configuration stays in effect; fix the file, or restart gpuwatch "
+                             "for a TLS change")
+                return config
+            self._config, self._signature, self._refused = new, _signature(new.files()), None
+            logs.get_logger(component="http").info("web_config_reloaded", path=new.path, tls=new.tls is not None,
+                                                   users=len(new.users))
+            return new
+
+
+# -- basic auth ------------------------------------------------------------------------------------
+
+class Authenticator:
+    """Checks ``Authorization: Basic`` credentials against bcrypt hashes, caching the successes.
+
+    The cache holds SHA-256 digests of (user, hash, password) of recent successes only, bounded in
+    size: a wrong password always pays the full bcrypt cost, a changed hash (reload) misses the cache.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def verify(self, users: Mapping[str, str], header: str | None) -> str | None:
+        """The user name when ``header`` carries valid credentials for one of ``users``, else None."""
+        credentials = parse_basic(header)
+        if credentials is None:
+            return None
+        user, password = credentials
+        hashed = users.get(user)
+        secret = password.encode("utf-8", "surrogateescape")[:_BCRYPT_MAX]
+        key = hashlib.sha256(b"\0".join([user.encode("utf-8", "surrogateescape"), (hashed or "").encode(),
+                                         secret])).digest()
+        if hashed is not None:
+            with self._lock:
+                if key in self._ok:
+                    self._ok.move_to_end(key)
+                    return user
+        try:
+            ok = bcrypt.checkpw(secret, hashed.encode() if hashed is not None else _DUMMY_HASH)
+        except ValueError:
+            ok = False
+        if not ok or hashed is None:
+            return None
+        with self._lock:
+            self._ok[key] = None
+            while len(self._ok) > self._size:
+                self._ok.popitem(last=False)
+        return user
+
+
+def parse_basic(header: str | None) -> tuple[str, str] | None:
+    """(user, password) from an ``Authorization: Basic ...`` header value, None when absent or malformed."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8", "surrogateescape")
+    except ValueError:
+        return None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
+
+
+def basic_header(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def hash_password(password: str, cost: int = 10) -> str:
+    """A bcrypt hash for basic_auth_users (what `htpasswd -nBC 10` writes, with the $2b$ prefix)."""
+    return bcrypt.hashpw(password.encode()[:_BCRYPT_MAX], bcrypt.gensalt(cost)).decode()
+
+
+# -- the client side, for `gpuwatch check` ------------------------------------------------------------
+
+class LocalRequestError(OSError):
+    """The local daemon could not be asked; the message says why and what to set."""
+
+
+def read_secret(path: str) -> str:
+    """The first line of a password file, without its line ending."""
+    text = Path(path).read_text(encoding="utf-8")
+    return text.splitlines()[0] if text else ""
+
+
+def _leaf_der(cert_file: str) -> bytes:
+    text = Path(cert_file).read_text(encoding="ascii", errors="replace")
+    start = text.index("-----BEGIN CERTIFICATE-----")
+    end = text.index("-----END CERTIFICATE-----", start) + len("-----END CERTIFICATE-----")
+    return ssl.PEM_cert_to_DER_cert(text[start:end])
+
+
+def local_get(host: str, port: int, path: str, config: WebConfig | None, *, username: str | None = None,
+              password: str | None = None, client_cert: str | None = None, client_key: str | None = None,
+              timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET ``path`` from the gpuwatch daemon on this node, speaking what ``config`` makes it serve.
+
+    With TLS the daemon must present exactly the certificate in tls_server_config.cert_file (pinned:
+    no CA or host name is involved, so 127.0.0.1 works); credentials are sent only after that check.
+    A client certificate is presented when ``client_cert`` is given. Returns (status, body); raises
+    LocalRequestError (an OSError) when there is no answer, its message saying why, without the URL.
+    """
+    headers = {"Accept": "application/json", "Connection": "close"}
+    if username is not None:
+        headers["Authorization"] = basic_header(username, password or "")
+    tls = config.tls if config is not None else None
+    connection: http.client.HTTPConnection
+    if tls is None:
+        connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    else:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # replaced by the pin below
+        if client_cert:
+            try:
+                context.load_cert_chain(client_cert, client_key or None, password=lambda: b"")
+            except (ssl.SSLError, OSError) as exc:
+                raise LocalRequestError(f"cannot use client certificate {client_cert}: "
+                                        f"{getattr(exc, 'reason', None) or exc}") from None
+        connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+    try:
+        try:
+            connection.connect()
+        except ssl.SSLError as exc:
+            raise LocalRequestError(f"TLS handshake failed: {exc.reason or exc}"
+                                    f"{_client_cert_hint(tls, client_cert)}") from None
+        if tls is not None:
+            sock = connection.sock
+            assert isinstance(sock, ssl.SSLSocket)
+            if sock.getpeercert(binary_form=True) != _leaf_der(tls.cert_file):
+                raise LocalRequestError(f"the server does not present the certificate in tls_server_config.cert_file "
+                                        f"({tls.cert_file}): another program listens there, or the file changed")
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    except LocalRequestError:
+        raise
+    except ssl.SSLError as exc:
+        raise LocalRequestError(f"TLS error: {exc.reason or exc}{_client_cert_hint(tls, client_cert)}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        reason = str(exc) or type(exc).__name__
+        raise LocalRequestError(f"{reason}{_client_cert_hint(tls, client_cert)}") from None
+    finally:
+        connection.close()
+
+
+def _client_cert_hint(tls: TlsServerConfig | None, client_cert: str | None) -> str:
+    if tls is not None and tls.requires_client_cert and not client_cert:
+        return (" (the daemon requires a client certificate: set --check.client-cert-file and "
+                "--check.client-key-file)")
+    return ""
