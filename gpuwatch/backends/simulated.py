@@ -423,6 +423,12 @@ def _load(fault: Fault, c: Conditions, _since: float) -> None:
     c.memory_intensity = 0.35
 
 
+def _idle_allocation(fault: Fault, c: Conditions, _since: float) -> None:
+    c.utilization = 0.0
+    c.memory_fraction = fault.params["memory_fraction"]
+    c.memory_intensity = 0.0
+
+
 def _fan_stall(_fault: Fault, c: Conditions, _since: float) -> None:
     c.fan_stalled = True
 
@@ -528,6 +534,12 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "idle) and the share of the frame buffer in use.",
         params={"utilization": 1.0, "memory_fraction": 0.4},
         during=_load,
+    ),
+    "idle_allocation": FaultKind(
+        "A job holds the GPU and its memory but computes nothing (a notebook left open, a job "
+        "waiting on I/O or a lock): utilization 0 with the frame buffer in use.",
+        params={"memory_fraction": 0.3},
+        during=_idle_allocation,
     ),
     "fan_stall": FaultKind(
         "The fans stop: speed and RPM fall to 0 within seconds while the target keeps following "
@@ -899,6 +911,11 @@ def scenarios() -> dict[str, Scenario]:
             "reset at 8 min; the replay rate over the 5-minute lookback falls below 8/min some 4 minutes later.",
             "h200", [Fault("pcie_replays", 0, 120, 480)],
             gpu=0, latency=110, end=480, recovery=240),
+        one("allocated_idle",
+            "RTX 6000 GPU 1 is held by a job that keeps 30 % of the frame buffer but computes nothing "
+            "from 2 to 36 min (a notebook left open); the others run their normal jobs.",
+            "rtx6000", [Fault("idle_allocation", 1, 120, 2160)],
+            gpu=1, latency=60, end=2160, recovery=10),
         one("backend_down",
             "The driver of a 2-GPU H200 node is unloaded from 2 to 4 min: NVML cannot be used; the "
             "poller retries with capped exponential backoff and recovers by itself.",
