@@ -5,11 +5,12 @@ import json
 import pytest
 
 from gpuwatch.errors import ConfigError
-from gpuwatch.model import DiscoveredGpu, Observation
+from gpuwatch.model import DiscoveredGpu, GpuState, NodeSnapshot, Observation
+from gpuwatch.rules import all_rules
 from gpuwatch.rules.base import Rule, needs
-from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.rules.engine import Engine, build_configs, check_lookback
 from gpuwatch.store import Store
-from gpuwatch.testing import FakeClock, H200_FEATURES, fast_sample, identity
+from gpuwatch.testing import FakeClock, H200_FEATURES, fast_sample, identity, slow_sample
 
 HOT = 80.0
 
@@ -114,3 +115,60 @@ def test_yaml_settings_override_defaults():
 def test_bad_rule_settings_are_config_errors(raw, message):
     with pytest.raises(ConfigError, match=message):
         build_configs(RULES, raw)
+
+
+# ---------------------------------------------------------------------------------------- history window
+
+
+def test_a_rule_that_looks_back_further_than_the_window_is_a_config_error():
+    """Every shipped default fits in the default 300 s window; a longer fast look-back of an
+    enabled rule is refused with the fix in the message; slow look-backs and XID look-backs are not
+    bounded by the window (the engine keeps the slow history as long as they need)."""
+    rules = all_rules()
+    Engine(rules, build_configs(rules, None), 6.0)  # DEFAULT_WINDOW_SECONDS
+    Engine(rules, build_configs(rules, None), 6.0, window_seconds=60)  # the longest default fast look-back
+    too_long = {"power_capped": {"window_seconds": 400}}
+    with pytest.raises(ConfigError, match=r"^rules\.power_capped\.window_seconds: 400 s is longer than the 300 s "
+                                          r"of fast-sample history .* raise rules\.window \(--rules\.window\) to at "
+                                          r"least 400, or lower window_seconds$"):
+        Engine(rules, build_configs(rules, too_long), 6.0, window_seconds=300)
+    Engine(rules, build_configs(rules, too_long), 6.0, window_seconds=400)
+    Engine(rules, build_configs(rules, {"power_capped": {"window_seconds": 400, "enabled": False}}), 6.0, 300)
+    unbounded = {"xid_critical": {"lookback_seconds": 3600}, "pcie_replays_rising": {"lookback_seconds": 3600}}
+    assert check_lookback(rules, build_configs(rules, unbounded), 300) == 3600
+    assert check_lookback(rules, build_configs(rules, None), 600) == 600
+
+
+def test_reconfigure_refuses_a_longer_look_back_and_keeps_the_settings_in_effect():
+    node = Node()
+    node.engine = Engine(all_rules(), build_configs(all_rules(), None), 6.0, window_seconds=60)
+    with pytest.raises(ConfigError, match="rules.thermal_runaway.window_seconds: 90 s"):
+        node.engine.reconfigure(build_configs(all_rules(), {"thermal_runaway": {"window_seconds": 90}}))
+    assert node.engine._configs["thermal_runaway"]["window_seconds"] == 60
+    node.engine.reconfigure(build_configs(all_rules(), {"thermal_runaway": {"window_seconds": 45}}))
+    assert node.engine._configs["thermal_runaway"]["window_seconds"] == 45
+
+
+def test_every_look_back_parameter_of_the_shipped_rules_is_declared():
+    """window_seconds reads the fast history (checked against rules.window); pcie_replays_rising's
+    lookback reads the slow history; xid_critical's lookback reads the store's XID timestamps."""
+    for rule in all_rules():
+        if "window_seconds" in rule.params:
+            assert rule.lookback.get("window_seconds") == "fast", rule.id
+        assert set(rule.lookback) <= set(rule.params), rule.id
+    by_id = {rule.id: rule for rule in all_rules()}
+    assert by_id["pcie_replays_rising"].lookback == {"lookback_seconds": "slow"}
+    assert by_id["xid_critical"].lookback == {}
+
+
+def test_slow_history_is_kept_for_the_pcie_look_back_beyond_the_window():
+    """With rules.window 120 s the replay rate is still taken over pcie_replays_rising's 300 s."""
+    rules = [rule for rule in all_rules() if rule.id == "pcie_replays_rising"]
+    engine = Engine(rules, build_configs(rules, None), 6.0, window_seconds=120)
+    gpu = identity(0)
+    for i in range(15):  # a slow poll every 30 s, 5 replays each: 10 a minute
+        t = 1000.0 + 30 * i
+        state = GpuState(identity=gpu, features=dict(H200_FEATURES), up=True, fast=fast_sample(), fast_monotonic=t,
+                         slow=slow_sample(pcie_replays=500 + 5 * i), slow_monotonic=t)
+        (anomaly,) = engine.evaluate(NodeSnapshot(i, "scripted", True, None, None, (state,), {}, 1, t, 1.7e9 + t))
+    assert anomaly.value == pytest.approx(10.0) and "over the last 5 min" in anomaly.summary

@@ -147,6 +147,18 @@ def test_docs_list_every_rule_with_its_defaults():
             assert f"`{param}`" in text, (rule.id, param)
 
 
+def test_docs_say_which_look_back_parameters_rules_window_bounds():
+    """docs/rules.md lists every look-back parameter with what it reads and what bounds it."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    for rule in RULES.values():
+        for param, tier in rule.lookback.items():
+            row = rows.get(f"`{rule.id}.{param}`")
+            assert row is not None, (rule.id, param)
+            assert f"{tier} samples" in row and f"{rule.params[param]:g}" in row, (rule.id, param)
+            assert ("`rules.window`" in row) == (tier == "fast"), (rule.id, param)
+
+
 def test_rules_that_need_a_reading_do_not_apply_where_it_is_unsupported():
     """No fan rules on a fanless H200, no retired pages on an H200, no remapped rows on an RTX 6000."""
     h200, rtx = gpu(0), gpu(0, rtx_fast(), rtx_slow(), features=RTX_FEATURES)

@@ -14,26 +14,31 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuwatch.errors import ConfigError
 from gpuwatch.logs import get_logger
-from gpuwatch.model import SEVERITIES, Anomaly, FastSample, NodeSnapshot, Observation, SlowSample
-from gpuwatch.rules.base import Rule, RuleConfig, Window
+from gpuwatch.model import SEVERITIES, Anomaly, FastSample, GpuState, NodeSnapshot, Observation, SlowSample
+from gpuwatch.rules.base import History, Needs, Rule, RuleConfig, Window, everywhere
 
-DEFAULT_WINDOW_SECONDS = 900.0
+DEFAULT_WINDOW_SECONDS = 300.0  # config.Config.rules_window's default
 
 
-@dataclass
+@dataclass(slots=True)
 class _Track:
     state: str = "quiet"  # quiet | pending | firing | clearing
     since: float = 0.0  # monotonic start of the current pending or clearing phase
     since_wall: float | None = None  # wall time the current episode started firing
     onsets: int = 0
     last: Observation | None = None
+    # What ``anomaly`` was made of: (severity, gpu, state, since_wall, onsets, last observation).
+    shown: tuple[Any, ...] | None = None
+    anomaly: Anomaly | None = None
+
+
+_NOTHING = Observation(False)
 
 
 def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[str, RuleConfig]:
@@ -90,18 +95,54 @@ def _number(where: str, value: Any) -> float:
     return float(value)
 
 
+def check_lookback(rules: Sequence[Rule], configs: Mapping[str, RuleConfig], window_seconds: float) -> float:
+    """Check the enabled rules' look-back parameters (Rule.lookback) against the engine's window;
+    returns the seconds of slow-sample history the engine must keep for them.
+
+    Fast samples are kept for ``window_seconds`` (``rules.window``): a fast look-back longer than
+    that is a ConfigError naming the rule, the parameter and the fix. Slow samples are kept for
+    the longest enabled slow look-back (pcie_replays_rising's lookback_seconds), and at least
+    ``window_seconds``, so those parameters are not bounded by the window.
+    """
+    slow = window_seconds
+    for rule in rules:
+        config = configs[rule.id]
+        if not config.enabled:
+            continue
+        for param, tier in rule.lookback.items():
+            seconds = config[param]
+            if tier == "slow":
+                slow = max(slow, seconds)
+            elif seconds > window_seconds:
+                raise ConfigError(
+                    f"rules.{rule.id}.{param}: {seconds:g} s is longer than the {window_seconds:g} s of fast-sample "
+                    f"history the rules keep (rules.window); raise rules.window (--rules.window) to at least "
+                    f"{seconds:g}, or lower {param}"
+                )
+    return slow
+
+
 class Engine:
+    """Evaluates the rules on every snapshot it is fed and keeps their history and state.
+
+    Raises ConfigError (at construction and in ``reconfigure``) when an enabled rule would look
+    back further than the fast history it keeps (``window_seconds``, the ``rules.window`` setting).
+    """
+
     def __init__(self, rules: Sequence[Rule], configs: Mapping[str, RuleConfig], fast_staleness: float,
                  window_seconds: float = DEFAULT_WINDOW_SECONDS, expected_gpus: int = 0) -> None:
         self._rules = list(rules)
-        self._configs = dict(configs)
-        self._fast_staleness = fast_staleness
         self._window_seconds = window_seconds
+        self._configs = dict(configs)
+        self._slow_seconds = check_lookback(self._rules, self._configs, window_seconds)
+        self._fast_staleness = fast_staleness
         self._expected_gpus = expected_gpus
         self._most_gpus = 0
         self._tracks: dict[tuple[str, str | None], _Track] = {}
-        self._history: dict[str, deque[tuple[float, FastSample]]] = {}
-        self._slow_history: dict[str, deque[tuple[float, SlowSample]]] = {}
+        self._history: dict[str, History[FastSample]] = {}
+        self._slow_history: dict[str, History[SlowSample]] = {}
+        self._signature: tuple[Mapping[str, bool], ...] | None = None  # the GPUs' features of _targets
+        self._targets: dict[str, list[int] | None] = {}
         self._log = get_logger(component="rules")
         self._lock = threading.Lock()
 
@@ -109,26 +150,44 @@ class Engine:
     def rules(self) -> list[Rule]:
         return list(self._rules)
 
+    @property
+    def window_seconds(self) -> float:
+        """Seconds of fast-sample history kept for the rules."""
+        return self._window_seconds
+
     def reconfigure(self, configs: Mapping[str, RuleConfig]) -> None:
-        """New thresholds/holds take effect at the next poll; episodes in progress carry on."""
-        self._configs = dict(configs)
+        """New thresholds/holds take effect at the next poll; episodes in progress carry on.
+
+        ConfigError (nothing changes) if an enabled rule would look back further than the window.
+        """
+        configs = dict(configs)
+        slow_seconds = check_lookback(self._rules, configs, self._window_seconds)
+        with self._lock:
+            self._configs, self._slow_seconds = configs, slow_seconds
 
     def _remember(self, snap: NodeSnapshot) -> None:
-        horizon = snap.taken_monotonic - self._window_seconds
+        fast_horizon = snap.taken_monotonic - self._window_seconds
+        slow_horizon = snap.taken_monotonic - self._slow_seconds
         for state in snap.gpus:
             uuid = state.identity.uuid
-            history = self._history.setdefault(uuid, deque())
-            if state.up and state.fast is not None and state.fast_monotonic is not None:
-                if not history or history[-1][0] != state.fast_monotonic:
-                    history.append((state.fast_monotonic, state.fast))
-            while history and history[0][0] < horizon:
-                history.popleft()
-            slow = self._slow_history.setdefault(uuid, deque())
-            if state.up and state.slow is not None and state.slow_monotonic is not None:
-                if not slow or slow[-1][0] != state.slow_monotonic:
-                    slow.append((state.slow_monotonic, state.slow))
-            while slow and slow[0][0] < horizon:
-                slow.popleft()
+            history = self._history.get(uuid)
+            if history is None:
+                history = self._history[uuid] = History()
+            slow = self._slow_history.get(uuid)
+            if slow is None:
+                slow = self._slow_history[uuid] = History()
+            if state.up:
+                # Only newer samples: a snapshot taken before the last one evaluated adds nothing.
+                if state.fast is not None and state.fast_monotonic is not None:
+                    last = history.last_time
+                    if last is None or state.fast_monotonic > last:
+                        history.append(state.fast_monotonic, state.fast)
+                if state.slow is not None and state.slow_monotonic is not None:
+                    last = slow.last_time
+                    if last is None or state.slow_monotonic > last:
+                        slow.append(state.slow_monotonic, state.slow)
+            history.trim(fast_horizon)
+            slow.trim(slow_horizon)
         self._most_gpus = max(self._most_gpus, snap.visible_gpus)
 
     def evaluate(self, snap: NodeSnapshot, now: float | None = None, wall: float | None = None) -> tuple[Anomaly, ...]:
@@ -145,51 +204,86 @@ class Engine:
         self._remember(snap)
         window = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now,
                         self._slow_history)
+        gpus = snap.gpus
+        plan = self._plan(gpus)
+        labels = [str(state.identity.index) for state in gpus]
+        step = self._step
         result: list[Anomaly] = []
         for rule in self._rules:
             config = self._configs[rule.id]
             if not config.enabled:
                 continue
             if rule.scope == "node":
-                result.append(self._step(rule, config, None, None, rule.evaluate(window, config), now, wall))
+                result.append(step(rule, config, None, None, rule.evaluate(window, config), now, wall))
                 continue
-            for state in snap.gpus:
-                if not rule.applies(state):
-                    continue
-                uuid = state.identity.uuid
-                observation = rule.evaluate(window, uuid, config)
-                result.append(self._step(rule, config, uuid, str(state.identity.index), observation, now, wall))
+            evaluate = rule.evaluate
+            targets = plan[rule.id]
+            if targets is None:  # an ``applies`` that may look at more than the features: ask every time
+                targets = [i for i, state in enumerate(gpus) if rule.applies(state)]
+            for i in targets:
+                uuid = gpus[i].identity.uuid
+                result.append(step(rule, config, uuid, labels[i], evaluate(window, uuid, config), now, wall))
         return tuple(result)
+
+    def _plan(self, gpus: Sequence[GpuState]) -> dict[str, list[int] | None]:
+        """Rule id -> indices in ``gpus`` of the GPUs it applies to (None: ask ``applies`` each time).
+
+        ``everywhere`` and ``needs(...)`` depend on the probed features only, so the answer holds
+        until a discovery changes the GPUs or their features.
+        """
+        signature = tuple(state.features for state in gpus)
+        if signature != self._signature:  # the same mappings, or equal ones in the same order: the same plan
+            plan: dict[str, list[int] | None] = {}
+            for rule in self._rules:
+                applies = rule.applies
+                if applies is everywhere:
+                    plan[rule.id] = list(range(len(gpus)))
+                elif isinstance(applies, Needs):
+                    plan[rule.id] = [i for i, state in enumerate(gpus) if applies(state)]
+                else:
+                    plan[rule.id] = None
+            self._signature, self._targets = signature, plan
+        return self._targets
 
     def _step(self, rule: Rule, config: RuleConfig, uuid: str | None, gpu: str | None,
               obs: Observation | None, now: float, wall: float) -> Anomaly:
-        track = self._tracks.setdefault((rule.id, uuid), _Track())
+        key = (rule.id, uuid)
+        track = self._tracks.get(key)
+        if track is None:
+            track = self._tracks[key] = _Track()
         if obs is not None:
-            if obs.active:
+            state, active = track.state, obs.active
+            if active or state == "quiet" or state == "pending" or track.last is None:
                 track.last = obs
-            elif track.state in ("quiet", "pending") or track.last is None:
-                track.last = obs
-            if track.state == "quiet" and obs.active:
-                track.state, track.since = "pending", now
-            elif track.state == "pending" and not obs.active:
-                track.state = "quiet"
-            elif track.state == "firing" and not obs.active:
-                track.state, track.since = "clearing", now
-            elif track.state == "clearing" and obs.active:
-                track.state = "firing"
-            if track.state == "pending" and now - track.since >= config.hold_seconds:
+            if state == "quiet":
+                if active:
+                    state, track.since = "pending", now
+            elif state == "pending":
+                if not active:
+                    state = "quiet"
+            elif state == "firing":
+                if not active:
+                    state, track.since = "clearing", now
+            elif active:  # clearing
+                state = "firing"
+            track.state = state
+            if state == "pending" and now - track.since >= config.hold_seconds:
                 track.state, track.since_wall = "firing", wall
                 track.onsets += 1
                 self._transition("anomaly_started", rule, config, uuid, gpu, track.last)
-            elif track.state == "clearing" and now - track.since >= config.clear_seconds:
+            elif state == "clearing" and now - track.since >= config.clear_seconds:
                 track.state, track.since_wall = "quiet", None
                 self._transition("anomaly_resolved", rule, config, uuid, gpu, obs)
-        last = track.last or Observation(False)
-        return Anomaly(
-            rule=rule.id, severity=config.severity, uuid=uuid, gpu=gpu,
-            firing=track.state in ("firing", "clearing"), since_wall=track.since_wall, onsets=track.onsets,
-            value=last.value, threshold=last.threshold, summary=last.summary,
-        )
+        last = track.last or _NOTHING
+        shown = (config.severity, gpu, track.state, track.since_wall, track.onsets, last)
+        if shown != track.shown:  # else the Anomaly returned last time says the same: return it again
+            track.shown = shown
+            track.anomaly = Anomaly(
+                rule=rule.id, severity=config.severity, uuid=uuid, gpu=gpu,
+                firing=track.state in ("firing", "clearing"), since_wall=track.since_wall, onsets=track.onsets,
+                value=last.value, threshold=last.threshold, summary=last.summary,
+            )
+        return track.anomaly  # type: ignore[return-value]
 
     def _transition(self, event: str, rule: Rule, config: RuleConfig, uuid: str | None, gpu: str | None,
                     obs: Observation | None) -> None:

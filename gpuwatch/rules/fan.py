@@ -138,6 +138,7 @@ RULES: tuple[Rule, ...] = (
         evaluate=_fan_not_tracking,
         params={"deviation_ratio": 0.20, "window_seconds": 30.0, "stalled_rpm": 200.0, "stalled_ratio": 0.05},
         applies=needs("fan", "fan_target"),
+        lookback={"window_seconds": "fast"},
     ),
     Rule(
         id="fan_at_max",

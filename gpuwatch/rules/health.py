@@ -8,10 +8,10 @@ and keep their state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from gpuwatch.model import FastSample, GpuState, Observation, SlowSample
-from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
+from gpuwatch.rules.base import History, Rule, RuleConfig, Window, needs
 from gpuwatch.rules.thermal import gpu_label
 
 #: XID codes that mean the GPU (not the application) is in trouble, with NVIDIA's descriptions
@@ -130,14 +130,21 @@ def _busy(sample: FastSample | None, config: RuleConfig) -> bool | None:
 
 
 def _sample_near(window: Window, uuid: str, when: float | None) -> FastSample | None:
-    """The fast sample closest to monotonic time ``when`` (within the fast staleness bound)."""
+    """The fast sample closest to monotonic time ``when`` (within the fast staleness bound); of
+    two equally close, the older."""
     if when is None:
         return None
+    history = window.history(uuid)
+    items, staleness = history.items, window.fast_staleness
     best: tuple[float, FastSample] | None = None
-    for t, sample in window.series(uuid, window.now - when + window.fast_staleness):
+    for i in range(history.index(window.since(window.now - when + staleness)), history.end):
+        t, sample = items[i]
         gap = abs(t - when)
-        if gap <= window.fast_staleness and (best is None or gap < best[0]):
-            best = (gap, sample)
+        if gap <= staleness:
+            if best is None or gap < best[0]:
+                best = (gap, sample)
+        elif t > when:
+            break  # later samples are further away still
     return None if best is None else best[1]
 
 
@@ -186,17 +193,25 @@ def _replays_increase(points: list[tuple[float, int]]) -> int:
     return increase
 
 
+def _replays(history: History[SlowSample], lo: int) -> tuple[int, float, int]:
+    """(readings, seconds from the first to the last, increase) of the replay counter in the slow
+    samples from ``lo`` on; kept by the history until a slow sample enters or leaves them."""
+    points = [(t, s.pcie_replays) for t, s in history.items[lo:] if s.pcie_replays is not None]
+    if len(points) < 2:
+        return len(points), 0.0, 0
+    return len(points), points[-1][0] - points[0][0], _replays_increase(points)
+
+
 def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
     slow = _slow(window, uuid)
     if slow is None or slow.pcie_replays is None:
         return None
     label = gpu_label(window, uuid)
     lookback, per_minute = config["lookback_seconds"], config["min_per_minute"]
-    points = [(t, s.pcie_replays) for t, s in window.slow_series(uuid, lookback) if s.pcie_replays is not None]
-    if len(points) < 2 or points[-1][0] - points[0][0] < lookback / 5:
+    readings, span, increase = window.slow_history(uuid).derive(_replays, _replays, window.since(lookback))
+    if readings < 2 or span < lookback / 5:
         return None
-    span = points[-1][0] - points[0][0]
-    rate = _replays_increase(points) / span * 60.0
+    rate = increase / span * 60.0
     return Observation(rate >= per_minute, rate, per_minute,
                        f"{label} {rate:.1f} PCIe replays a minute over the last {span / 60:.0f} min "
                        f"({slow.pcie_replays} since the last reset)")
@@ -295,5 +310,6 @@ RULES: tuple[Rule, ...] = (
         evaluate=_pcie_replays_rising,
         params={"lookback_seconds": 300.0, "min_per_minute": 8.0},
         applies=needs("pcie"),
+        lookback={"lookback_seconds": "slow"},
     ),
 )

@@ -8,8 +8,10 @@ only T.Limit thresholds, captures/linux-x86_64__nvidia-h200__590.48.01.txt: slow
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
-import statistics
+from collections.abc import Callable
 
 from gpuwatch.model import FastSample, Observation, SlowSample
 from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
@@ -22,7 +24,12 @@ THERMAL_COUNTERS: tuple[str, ...] = ("thermal", "hw_thermal_slowdown", "sw_therm
 def gpu_label(window: Window, uuid: str) -> str:
     """"GPU 3" (the NVML index), for summaries."""
     state = window.gpu(uuid)
-    return f"GPU {state.identity.index}" if state is not None else uuid
+    return _label(state.identity.index) if state is not None else uuid
+
+
+@functools.lru_cache(maxsize=1024)
+def _label(index: int) -> str:
+    return f"GPU {index}"
 
 
 def slowdown_headroom(fast: FastSample | None, slow: SlowSample | None) -> tuple[float | None, float | None]:
@@ -45,20 +52,40 @@ def slowdown_headroom(fast: FastSample | None, slow: SlowSample | None) -> tuple
     return slowdown - temp, slowdown
 
 
+@functools.lru_cache(maxsize=None)
+def has_counter(reason: str) -> Callable[[FastSample], bool]:
+    """Predicate "the sample has the ``reason`` throttle-time counter" (one function per reason,
+    as Window.first_last wants)."""
+    return lambda sample: reason in sample.clocks_event_seconds
+
+
+@functools.lru_cache(maxsize=None)
+def reasons_active(reasons: tuple[str, ...], unless: tuple[str, ...] = ()) -> Callable[[FastSample], bool]:
+    """Predicate "any of ``reasons`` and none of ``unless`` is active in the sample" (one function
+    per argument pair, as Window.tally wants)."""
+
+    def predicate(sample: FastSample) -> bool:
+        active = sample.clocks_event_active
+        return any(active.get(r, False) for r in reasons) and not any(active.get(r, False) for r in unless)
+
+    return predicate
+
+
 def counter_share(window: Window, uuid: str, reasons: tuple[str, ...], seconds: float) -> float | None:
     """Largest share of the last ``seconds`` that any of the ``reasons`` counters counted.
 
     From the cumulative clocks_event_seconds counters (NVML violation / throttle time), so nothing
-    that happened between two polls is missed. None when no counter has two readings.
+    that happened between two polls is missed. None when no counter has two readings. Only the
+    first and the last reading of the window are read.
     """
-    series = window.series(uuid, seconds)
     best: float | None = None
     for reason in reasons:
-        points = [(t, s.clocks_event_seconds[reason]) for t, s in series if reason in s.clocks_event_seconds]
-        if len(points) < 2:
+        ends = window.first_last(uuid, seconds, has_counter(reason))
+        if ends is None:
             continue
-        (t0, v0), (t1, v1) = points[0], points[-1]
-        if t1 <= t0 or v1 < v0:  # a counter reset (driver reload): nothing to say this window
+        (t0, s0), (t1, s1) = ends
+        v0, v1 = s0.clocks_event_seconds[reason], s1.clocks_event_seconds[reason]
+        if t1 <= t0 or v1 < v0:  # one reading, or a counter reset (driver reload): nothing to say this window
             continue
         share = min(1.0, (v1 - v0) / (t1 - t0))
         best = share if best is None else max(best, share)
@@ -69,15 +96,10 @@ def sample_share(window: Window, uuid: str, reasons: tuple[str, ...], seconds: f
                  unless: tuple[str, ...] = ()) -> float | None:
     """Share of the fast samples of the last ``seconds`` with any of ``reasons`` active (and none
     of ``unless``); None without samples."""
-    series = window.series(uuid, seconds)
-    if not series:
+    hits, samples = window.tally(uuid, seconds, reasons_active(reasons, unless))
+    if not samples:
         return None
-    hits = 0
-    for _, sample in series:
-        active = sample.clocks_event_active
-        if any(active.get(r, False) for r in reasons) and not any(active.get(r, False) for r in unless):
-            hits += 1
-    return hits / len(series)
+    return hits / samples
 
 
 # ------------------------------------------------------------------------------------ overheating
@@ -112,15 +134,35 @@ def _overheating(window: Window, uuid: str, config: RuleConfig) -> Observation |
 # ------------------------------------------------------------------------------------ runaway
 
 
-def _block_means(points: list[tuple[float, float]], start: float, width: float) -> list[float] | None:
-    blocks: list[list[float]] = [[], [], []]
-    for t, value in points:
-        k = min(2, int((t - start) // width))
-        if k >= 0:
-            blocks[k].append(value)
-    if any(len(b) < 2 for b in blocks):
+def _temperature(sample: FastSample) -> float | None:
+    return sample.temperature_celsius
+
+
+def _block_means(window: Window, uuid: str, span: float) -> list[float] | None:
+    """The mean temperature of each third of the last ``span`` seconds, oldest first; None unless
+    each third has at least two readings. The thirds are found by bisection on the history's
+    times and summed from its temperature column: no walk over the samples."""
+    history = window.history(uuid)
+    start, width = window.now - span, span / 3
+    lo, end = history.index(start), history.end
+    if lo == end:
         return None
-    return [sum(b) / len(b) for b in blocks]
+
+    def block(t: float) -> int:
+        return min(2, int((t - start) // width))
+
+    b1 = bisect.bisect_left(history.times, 1, lo, end, key=block)
+    b2 = bisect.bisect_left(history.times, 2, b1, end, key=block)
+    temperatures = history.column(_temperature)
+    means = []
+    for a, b in ((lo, b1), (b1, b2), (b2, end)):
+        values = temperatures[a:b]
+        if None in values:
+            values = [v for v in values if v is not None]
+        if len(values) < 2:
+            return None
+        means.append(sum(values) / len(values))
+    return means
 
 
 def project_seconds_to(target: float, now_value: float, means: list[float], spacing: float) -> float:
@@ -153,8 +195,7 @@ def _thermal_runaway(window: Window, uuid: str, config: RuleConfig) -> Observati
     if fast is None or headroom is None or slowdown is None:
         return None
     span = config["window_seconds"]
-    points = [(t, s.temperature_celsius) for t, s in window.series(uuid, span) if s.temperature_celsius is not None]
-    means = _block_means(points, window.now - span, span / 3) if points else None
+    means = _block_means(window, uuid, span)
     if means is None:
         return None  # not enough history yet
     spacing = span / 3
@@ -201,6 +242,42 @@ def _thermal_throttling(window: Window, uuid: str, config: RuleConfig) -> Observ
 # ------------------------------------------------------------------------------------ outlier
 
 
+def _peers_by_model(window: Window) -> dict[str, tuple[list[float], list[float]]]:
+    """Model name -> (power, temperature) of its GPUs with a fresh sample that has both, as two
+    lists in ascending order of power. Once per evaluation, shared by every GPU's outlier check."""
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for uuid, sample in window.fresh():
+        power, temp = sample.power_watts, sample.temperature_celsius
+        state = window.gpu(uuid)
+        if power is not None and temp is not None and state is not None:
+            rows.setdefault(state.identity.name, []).append((power, temp))
+    result = {}
+    for name, pairs in rows.items():
+        pairs.sort(key=lambda pair: pair[0])
+        result[name] = ([p for p, _ in pairs], [t for _, t in pairs])
+    return result
+
+
+def _sorted_temperatures(window: Window, name: str, lo: int, hi: int) -> list[float]:
+    """The temperatures of ``name``'s GPUs lo..hi-1 (in order of power), sorted; once per range and
+    evaluation (GPUs drawing about the same power usually share one)."""
+    return window.memo(("thermal_outlier", name, lo, hi),
+                       lambda w: sorted(w.memo("thermal_outlier", _peers_by_model)[name][1][lo:hi]))
+
+
+def _median_without(values: list[float], value: float) -> float:
+    """statistics.median of the sorted ``values`` less one occurrence of ``value`` (which they hold)."""
+    skip = bisect.bisect_left(values, value)
+    n = len(values) - 1
+
+    def at(i: int) -> float:
+        return values[i] if i < skip else values[i + 1]
+
+    if n % 2 == 1:
+        return at(n // 2)
+    return (at(n // 2 - 1) + at(n // 2)) / 2
+
+
 def _thermal_outlier(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
     fast = window.fast(uuid)
     state = window.gpu(uuid)
@@ -208,22 +285,23 @@ def _thermal_outlier(window: Window, uuid: str, config: RuleConfig) -> Observati
         return None
     power, temp = fast.power_watts, fast.temperature_celsius
     tolerance = max(config["power_tolerance_ratio"] * power, config["power_tolerance_watts"])
-    temps = []
-    for other, sample in window.peers(uuid):
-        peer = window.gpu(other)
-        if peer is None or peer.identity.name != state.identity.name:
-            continue  # another model has other thermals
-        if sample.power_watts is None or sample.temperature_celsius is None:
-            continue
-        if abs(sample.power_watts - power) <= tolerance:
-            temps.append(sample.temperature_celsius)
-    if len(temps) < config["min_peers"]:
+    # The peers of the same model (another model has other thermals) within the tolerance of this
+    # GPU's power: a range of the model's GPUs sorted by power, this GPU included.
+    powers, _ = window.memo("thermal_outlier", _peers_by_model)[state.identity.name]
+
+    def gap(p: float) -> float:  # the difference that abs(p - power) <= tolerance compares
+        return p - power
+
+    lo = bisect.bisect_left(powers, -tolerance, key=gap)
+    hi = bisect.bisect_right(powers, tolerance, lo, key=gap)
+    peers = hi - lo - 1
+    if peers < config["min_peers"] or peers < 1:
         return None  # nothing comparable to say
-    median = statistics.median(temps)
+    median = _median_without(_sorted_temperatures(window, state.identity.name, lo, hi), temp)
     delta = temp - median
     return Observation(
         delta >= config["delta_celsius"], delta, config["delta_celsius"],
-        f"{gpu_label(window, uuid)} at {temp:.0f} °C, {delta:+.0f} °C from the median of {len(temps)} peers "
+        f"{gpu_label(window, uuid)} at {temp:.0f} °C, {delta:+.0f} °C from the median of {peers} peers "
         f"drawing about the same power ({power:.0f} W)",
     )
 
@@ -251,6 +329,7 @@ RULES: tuple[Rule, ...] = (
         evaluate=_thermal_runaway,
         params={"window_seconds": 60.0, "horizon_seconds": 180.0, "watch_margin_celsius": 15.0,
                 "min_rate_celsius_per_minute": 1.0},
+        lookback={"window_seconds": "fast"},
     ),
     Rule(
         id="thermal_throttling",
@@ -263,6 +342,7 @@ RULES: tuple[Rule, ...] = (
         evaluate=_thermal_throttling,
         params={"window_seconds": 60.0, "min_share": 0.10},
         applies=needs("clocks_event_reasons"),
+        lookback={"window_seconds": "fast"},
     ),
     Rule(
         id="thermal_outlier",

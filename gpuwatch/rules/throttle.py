@@ -78,6 +78,7 @@ RULES: tuple[Rule, ...] = (
         evaluate=_power_brake,
         params={"window_seconds": 30.0, "min_share": 0.10},
         applies=needs("clocks_event_reasons"),
+        lookback={"window_seconds": "fast"},
     ),
     Rule(
         id="hw_slowdown",
@@ -90,6 +91,7 @@ RULES: tuple[Rule, ...] = (
         evaluate=_hw_slowdown,
         params={"window_seconds": 30.0, "min_share": 0.5},
         applies=needs("clocks_event_reasons"),
+        lookback={"window_seconds": "fast"},
     ),
     Rule(
         id="power_capped",
@@ -102,5 +104,6 @@ RULES: tuple[Rule, ...] = (
         evaluate=_power_capped,
         params={"window_seconds": 60.0, "min_share": 0.5},
         applies=needs("clocks_event_reasons"),
+        lookback={"window_seconds": "fast"},
     ),
 )

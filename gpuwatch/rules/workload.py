@@ -1,0 +1,51 @@
+"""Cost rules: a GPU that a workload holds but does not use.
+
+A cluster pays for every allocated GPU-hour. ``allocated_idle`` fires when a GPU is held — a
+workload's process is on it (``GpuState.workloads``, slow tier), or its frame buffer is in use —
+while its utilization stays near zero. "Stays" is the rule's hold time (default 30 minutes): the
+condition looks at the last minute only, and any busy minute resets the hold, so a job that
+computes in bursts never fires.
+"""
+
+from __future__ import annotations
+
+from gpuwatch.model import Observation
+from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
+from gpuwatch.rules.thermal import gpu_label
+
+
+def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    fast = window.fast(uuid)
+    state = window.gpu(uuid)
+    if fast is None or state is None:
+        return None
+    utilization = [s.utilization_ratio.get("gpu") for _, s in window.series(uuid, config["window_seconds"])]
+    utilization = [u for u in utilization if u is not None]
+    if not utilization:
+        return None
+    busiest = max(utilization)
+    jobs = sorted({f"{w.scheduler} {w.job_id}".strip() for w in state.workloads if w.scheduler != "unknown"})
+    memory = fast.memory_used_bytes or 0
+    held = bool(state.workloads) or memory >= config["min_memory_bytes"]
+    label = gpu_label(window, uuid)
+    holder = ", ".join(jobs) if jobs else f"{memory / 2**30:.1f} GiB in use"
+    return Observation(held and busiest <= config["idle_ratio"], busiest, config["idle_ratio"],
+                       f"{label} held by {holder} but at most {busiest:.0%} busy over the last "
+                       f"{config['window_seconds']:.0f} s")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="allocated_idle",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=1800.0,
+        clear_seconds=60.0,
+        condition="A workload holds the GPU (a process on it, or at least min_memory_bytes of its memory in "
+                  "use) while its utilization stays at or below idle_ratio; held for 30 minutes.",
+        evaluate=_allocated_idle,
+        params={"idle_ratio": 0.05, "window_seconds": 60.0, "min_memory_bytes": 1024.0 * 2**20},
+        applies=needs("utilization"),
+        lookback={"window_seconds": "fast"},
+    ),
+)
