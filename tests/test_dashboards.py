@@ -5,18 +5,24 @@ The structural checks follow grafana/dashboard-linter's rules (shared/reference/
 §5.3); their exclusions live in the `.lint` block of deploy/grafana/README.md. The live test starts a
 simulated node with fans (`--backend simulated --sim.faults true`) and an NVML node over the fake
 library (tests/fakenvml) with the faults the fault panels exist for: a lost GPU, uncorrected ECC errors,
-a pending row remap, an XID, SW power cap + SW thermal slowdown. Prometheus 2.42 scrapes both every
-second; each target of each panel, with Grafana's variables substituted, must return data.
+a pending row remap, an XID, SW power cap + SW thermal slowdown, and for the Jobs dashboard workloads:
+processes on two GPUs that a fake /proc attributes to Slurm jobs (one GPU idle, with allocated_idle's hold
+set to 0 so that it fires at once) and, sharing the busy GPU, a process gpuwatch cannot attribute (no job,
+no user). Prometheus 2.42 scrapes both every second; each target of each panel, with Grafana's variables
+substituted, must return data.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import socket
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -35,8 +41,9 @@ GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD_FILES = {
     "gpuwatch-node": GRAFANA / "dashboards" / "gpuwatch-node.json",
     "gpuwatch-fleet": GRAFANA / "dashboards" / "gpuwatch-fleet.json",
+    "gpuwatch-jobs": GRAFANA / "dashboards" / "gpuwatch-jobs.json",
 }
-TITLES = {"gpuwatch-node": "gpuwatch / Node", "gpuwatch-fleet": "gpuwatch / Fleet"}
+TITLES = {"gpuwatch-node": "gpuwatch / Node", "gpuwatch-fleet": "gpuwatch / Fleet", "gpuwatch-jobs": "gpuwatch / Jobs"}
 DS = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids (packages/grafana-data/src/valueFormats/categories.ts): the base units of gpuwatch's
 # metrics, plain numbers for counts and states, and rpm for the fan RPM gauge.
@@ -48,7 +55,13 @@ VARIABLES = {
     "job": "label_values(gpuwatch_gpu_info, job)",
     "instance": 'label_values(gpuwatch_gpu_info{job=~"$job"}, instance)',
     "gpu": 'label_values(gpuwatch_gpu_info{job=~"$job", instance=~"$instance"}, gpu)',
+    "user": 'label_values(gpuwatch_gpu_job_info{job=~"$job", instance=~"$instance"}, user)',
+    "job_id": 'label_values(gpuwatch_gpu_job_info{job=~"$job", instance=~"$instance", user=~"$user"}, job_id)',
 }
+EXTRA_VARIABLES = {"gpuwatch-node": ["gpu"], "gpuwatch-fleet": [], "gpuwatch-jobs": ["user", "job_id"]}
+# "All" of user and job_id must match the empty value too: a process gpuwatch cannot attribute (scheduler
+# unknown) has no user and no job id, and a plain process (scheduler none) no job id.
+ALL_VALUES = {"user": ".*", "job_id": ".*"}
 
 
 def load(uid: str) -> dict:
@@ -85,6 +98,7 @@ def lint_exclusions() -> dict[str, set[tuple[str, str]]]:
 TOKEN = re.compile(r"""
     (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
   | (?P<range>\[[^\]]*\])
+  | (?P<var>\$\{?\w+\}?)
   | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
   | (?P<num>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
   | (?P<punct>[(){},])
@@ -109,6 +123,7 @@ class Selector:
 class Range:
     duration: str
     function: str | None
+    step: str | None = None  # a subquery's resolution: [duration:step]
 
 
 def scan(expr: str) -> tuple[list[Selector], list[Range]]:
@@ -160,7 +175,8 @@ def scan(expr: str) -> tuple[list[Selector], list[Range]]:
                     i += 1
                 selectors.append(Selector(text, matchers, innermost()))
         elif kind == "range":
-            ranges.append(Range(text[1:-1], innermost()))
+            duration, colon, step = text[1:-1].partition(":")
+            ranges.append(Range(duration, innermost(), step if colon else None))
             i += 1
         elif text == "(":
             stack.append(None)
@@ -181,6 +197,11 @@ def test_scanner_understands_the_constructs_the_dashboards_use():
     assert [(s.metric, s.function) for s in sels] == [("a_total", "rate"), ("b", None)]
     assert sels[1].matchers == 'x="y"'
     assert [(r.duration, r.function) for r in ranges] == [("$__rate_interval", "rate")]
+    sels, ranges = scan('sum(sum_over_time((a{x="y"} * on(uuid) group_left() rate(b_total[$__rate_interval]))'
+                        '[$__range:$__interval])) * $__interval_ms / 1000')
+    assert [(s.metric, s.function) for s in sels] == [("a", "sum_over_time"), ("b_total", "rate")]
+    assert [(r.duration, r.step, r.function) for r in ranges] == [
+        ("$__rate_interval", None, "rate"), ("$__range", "$__interval", "sum_over_time")]
 
 
 # ---------------------------------------------------------------------------------- structural checks
@@ -202,7 +223,7 @@ def test_dashboard_model(uid):
 @pytest.mark.parametrize("uid", sorted(DASHBOARD_FILES))
 def test_variables(uid):
     variables = {v["name"]: v for v in load(uid)["templating"]["list"]}
-    expected = ["datasource", "job", "instance"] + (["gpu"] if uid == "gpuwatch-node" else [])
+    expected = ["datasource", "job", "instance"] + EXTRA_VARIABLES[uid]
     assert list(variables) == expected
     ds = variables["datasource"]
     assert (ds["type"], ds["query"], ds["label"]) == ("datasource", "prometheus", "Data source")
@@ -213,7 +234,8 @@ def test_variables(uid):
         assert query == VARIABLES[name], name
         assert v["definition"] == VARIABLES[name], name
         assert v["datasource"] == DS, name
-        assert (v["multi"], v["includeAll"], v["allValue"], v["refresh"]) == (True, True, ".+", 2), name
+        all_value = ALL_VALUES.get(name, ".+")
+        assert (v["multi"], v["includeAll"], v["allValue"], v["refresh"]) == (True, True, all_value, 2), name
         assert v.get("label"), name
 
 
@@ -275,6 +297,10 @@ def test_queries_follow_the_lint_rules(uid):
             where = f"{uid} {p['title']!r} {t['refId']}: {t['expr']}"
             selectors, ranges = scan(t["expr"])
             assert selectors, where
+            if uid == "gpuwatch-jobs":  # every panel shows the selected users' and jobs' workloads only
+                assert any(s.metric == "gpuwatch_gpu_job_info" and 'user=~"$user"' in s.matchers
+                           and 'job_id=~"$job_id"' in s.matchers for s in selectors), \
+                    f"{where}: no gpuwatch_gpu_job_info{{user=~\"$user\", job_id=~\"$job_id\"}}"
             if any(s.metric in CATALOGUE and "gpu" in CATALOGUE[s.metric].labels for s in selectors):
                 per_gpu_panels += 1
             for s in selectors:
@@ -297,6 +323,10 @@ def test_queries_follow_the_lint_rules(uid):
                     assert s.metric.endswith("_total"), where
             # target-rate-interval-rule
             for r in ranges:
+                if r.step is not None:  # a subquery: integrates over the time range at Grafana's step
+                    assert (r.duration, r.step) == ("$__range", "$__interval"), where
+                    assert r.function and r.function.endswith("_over_time"), where
+                    continue
                 if r.function in COUNTER_FUNCTIONS and r.duration != "$__rate_interval":
                     assert r.duration == "$__range" and key in exclusions.get("target-rate-interval-rule", set()), \
                         f"{where}: [{r.duration}] in {r.function}()"
@@ -329,6 +359,20 @@ def test_dashboards_cover_the_brief():
     assert "increase(gpuwatch_energy_joules_total" in exprs(fleet["Energy used in the time range"])
     assert "group_left(name) gpuwatch_gpu_info" in exprs(fleet["Hottest GPUs"])
 
+    jobs = {p["title"]: p for p in query_panels(load("gpuwatch-jobs"))}
+    assert "gpuwatch_workload_memory_used_bytes" in exprs(jobs["Running jobs"])
+    assert 'gpuwatch_anomaly{job=~"$job", instance=~"$instance", rule="allocated_idle"} == 1' \
+        in exprs(jobs["Idle allocated GPUs"])
+    assert "gpuwatch_anomaly_since_timestamp_seconds" in exprs(jobs["Idle allocated GPUs"])
+    for title in ("GPU-hours per job", "GPU-hours per user", "Energy per job", "Energy per user"):
+        assert "[$__range:$__interval]" in exprs(jobs[title]), title
+        assert all(t["instant"] for t in jobs[title]["targets"]), title
+        assert "Approximation" in jobs[title]["description"] or title.startswith("Energy"), title
+    assert "rate(gpuwatch_energy_joules_total" in exprs(jobs["Power per job"])
+    assert 'engine="gpu"' in exprs(jobs["GPU utilization per job"])
+    for title in ("Running jobs", "Idle allocated GPUs"):
+        assert jobs[title]["type"] == "table" and "group_left(name) gpuwatch_gpu_info" in exprs(jobs[title])
+
 
 def _substitute(expr: str, values: dict[str, str]) -> str:
     def one(m):
@@ -338,8 +382,8 @@ def _substitute(expr: str, values: dict[str, str]) -> str:
     return re.sub(r"\$(?:\{(\w+)\}|(\w+))", one, expr)
 
 
-STATIC_VALUES = {"job": "gpuwatch", "instance": ".+", "gpu": ".+", "__rate_interval": "30s",
-                 "__interval": "5s", "__range": "10m"}
+STATIC_VALUES = {"job": "gpuwatch", "instance": ".+", "gpu": ".+", "user": ".*", "job_id": ".*",
+                 "__rate_interval": "30s", "__interval": "5s", "__interval_ms": "5000", "__range": "10m"}
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
@@ -436,7 +480,52 @@ def _fault_node() -> fakenvml.FakeNode:
     g1.clocks_event_reasons = 0x4 | 0x20  # sw_power_cap + sw_thermal_slowdown
     g1.throttle_ns = {**g1.throttle_ns, 74: 5_000_000_000, 75: 1_000_000_000}
     g1.retired_pages_pending = 0  # so that the page-retirement column has a series
+    # workloads (the Jobs dashboard): GPU 0 idle (0 %) under Slurm job 4242, GPU 1 busy under job 4343 and
+    # shared with a process that has no /proc entry (scheduler unknown, no job id, no user) and whose memory NVML
+    # does not report (as for processes in other containers)
+    g0.add_process(JOBS["4242"]["pid"], 5 * GIB)
+    g1.add_process(JOBS["4343"]["pid"], 20 * GIB)
+    g1.add_process(4999, None)
+    g0.memory_used, g1.memory_used = 5 * GIB, 21 * GIB
+    g1.utilization = (85, 40)
     return node
+
+
+GIB = 2**30
+SLURM_CGROUP = "0::/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0\n"
+# uids without a passwd entry: the daemon resolves names with the real passwd database and shows these as numbers
+JOBS = {"4242": {"pid": 4100, "uid": 54321, "gpu": "0", "watts": 120},
+        "4343": {"pid": 4200, "uid": 54322, "gpu": "1", "watts": 650}}
+
+
+def _fake_proc(root: Path) -> Path:
+    for job_id, job in JOBS.items():
+        d = root / str(job["pid"])
+        d.mkdir(parents=True)
+        (d / "cgroup").write_text(SLURM_CGROUP.format(job_id))
+        (d / "status").write_text(f"Name:\tpython\nUid:\t{job['uid']}\t{job['uid']}\t{job['uid']}\t{job['uid']}\n")
+    return root
+
+
+class EnergyMeter(threading.Thread):
+    """Advances the fake GPUs' energy counters at each job's power while the stack runs."""
+
+    def __init__(self, fx: fakenvml.FakeNvmlEnv, node: fakenvml.FakeNode) -> None:
+        super().__init__(daemon=True)
+        self.fx, self.node, self.stopping = fx, node, threading.Event()
+
+    def run(self) -> None:
+        last = time.monotonic()
+        while not self.stopping.wait(0.25):
+            now = time.monotonic()
+            for job in JOBS.values():
+                self.node.gpus[int(job["gpu"])].energy_mj += int(job["watts"] * (now - last) * 1000)
+            last = now
+            self.fx.write(self.node)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
 
 
 @pytest.fixture(scope="module")
@@ -456,12 +545,20 @@ def stack(tmp_path_factory):
 
         node = _fault_node()
         fx = fakenvml.prepare(root / "nvml", node, counts=False)
-        nvml = Daemon(root / "nvml", fake_env(fx))
+        config = root / "nvml" / "gpuwatch.yml"
+        config.write_text("rules: {allocated_idle: {hold: 0}}\n")  # fire at once, not after 30 idle minutes
+        nvml = Daemon(root / "nvml", fake_env(fx), ["--config", str(config),
+                                                     "--attribution.proc-root", str(_fake_proc(root / "proc"))])
         started.append(nvml)
         nvml.wait_value("gpuwatch_gpus", 3)
         node.gpus[2].lost = True  # falls off the bus after discovery: stays listed with gpu_up 0
         fx.write(node)
         nvml.wait_value("gpuwatch_gpu_up", 0, gpu="2", uuid=node.gpus[2].uuid)
+        meter = EnergyMeter(fx, node)
+        meter.start()
+        started.append(meter)
+        nvml.wait_value("gpuwatch_anomaly", 1, gpu="0", uuid=node.gpus[0].uuid, rule="allocated_idle",
+                        severity="warning")
 
         instances = {"sim": sim.base.removeprefix("http://"), "nvml": nvml.base.removeprefix("http://")}
         prom = Prometheus(root, sorted(instances.values()))
@@ -555,3 +652,56 @@ def test_fault_panels_show_the_faults(stack):
     fans = _panel_result(prom, instances, "gpuwatch-node", "Fan speed against target")
     assert {s["metric"]["instance"] for s in fans} == {sim}
     assert all(s["metric"]["name"] for s in fans)  # the name join works
+
+
+def test_jobs_panels_show_the_jobs(stack):
+    prom, instances = stack
+    nvml = instances["nvml"]
+    uid = "gpuwatch-jobs"
+
+    def scalar(title):
+        (sample,) = _panel_result(prom, instances, uid, title)
+        return float(sample["value"][1])
+
+    def by_job(title, values=None):
+        (panel,) = [p for p in query_panels(load(uid)) if p["title"] == title]
+        result = prom.result(_substitute(panel["targets"][0]["expr"], values or _values(instances)))
+        return {(s["metric"].get("scheduler"), s["metric"].get("job_id", ""), s["metric"].get("user", "")):
+                float(s["value"][1]) for s in result}
+
+    assert scalar("Jobs") == 3  # slurm 4242, slurm 4343, and the unattributed process
+    assert scalar("GPUs held") == 2
+    assert scalar("Held GPUs idle") == 1
+    assert scalar("Power drawn by jobs") > 0
+
+    running = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["scheduler"], s["metric"].get("job_id", ""),
+                s["metric"].get("user", ""), s["metric"]["name"]): float(s["value"][1])
+               for s in _panel_result(prom, instances, uid, "Running jobs")}  # Prometheus omits empty labels
+    unattributed = (nvml, "1", "unknown", "", "", "NVIDIA H200")
+    assert math.isnan(running.pop(unattributed))  # listed, with memory "n/a"
+    assert running == {(nvml, "0", "slurm", "4242", "54321", "NVIDIA H200"): 5 * GIB,
+                       (nvml, "1", "slurm", "4343", "54322", "NVIDIA H200"): 20 * GIB}
+
+    idle = _panel_result(prom, instances, uid, "Idle allocated GPUs")
+    assert {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["job_id"], s["metric"]["user"]) for s in idle} \
+        == {(nvml, "0", "4242", "54321")}
+    assert all(0 <= float(s["value"][1]) < 600 for s in idle)  # firing for: seconds since the onset
+
+    slurm_a, slurm_b, unknown = ("slurm", "4242", "54321"), ("slurm", "4343", "54322"), ("unknown", "", "")
+    utilization = by_job("GPU utilization per job")
+    assert utilization[slurm_a] == 0 and utilization[slurm_b] == pytest.approx(0.85)
+    # GPU 1's power and GPU-hours are split between its two holders
+    power = by_job("Power per job")
+    assert power[slurm_a] > 0 and power[slurm_b] > 0 and power[slurm_b] == pytest.approx(power[unknown])
+    assert by_job("Frame buffer per job") == {slurm_a: 5 * GIB, slurm_b: 20 * GIB}
+    hours = by_job("GPU-hours per job")
+    assert hours[slurm_a] > 0 and hours[slurm_a] == pytest.approx(2 * hours[slurm_b]) \
+        and hours[slurm_b] == pytest.approx(hours[unknown])
+    energy = by_job("Energy per job")
+    assert energy[slurm_a] > 0 and energy[slurm_b] == pytest.approx(energy[unknown])
+    per_user = {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "GPU-hours per user")}
+    assert per_user == {"54321", "54322", "(none)"}
+    assert {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "Energy per user")} == per_user
+    # a selected user (Grafana sends the value as a regex): only that user's jobs
+    assert set(by_job("GPU-hours per job", {**_values(instances), "user": "54321"})) == {slurm_a}
+    assert set(by_job("Running jobs", {**_values(instances), "job_id": "4343"})) == {slurm_b}

@@ -304,7 +304,19 @@ def test_the_latest_snapshot_wins_over_one_taken_earlier_and_evaluated_later():
     engine.evaluate(snapshot_of([state_of(0, new, 1002.0)], 1002.0))
     engine.evaluate(snapshot_of([state_of(0, old, 1000.0)], 1000.0), now=1002.5)
     history = engine._history[identity(0).uuid]
-    assert history.items == [(1002.0, new)]
+    assert [(t, s.temperature_celsius) for t, s in history.items] == [(1002.0, 51.0)]
+
+
+def test_history_keeps_only_what_rules_look_back_at():
+    """The copies kept for the look-back drop clocks, memory, energy and P-state (the latest sample
+    in the snapshot keeps them): a third less memory per kept sample."""
+    engine = Engine(all_rules(), build_configs(all_rules(), None), 6.0, WINDOW)
+    sample = fast_sample(temperature_celsius=51.0)
+    engine.evaluate(snapshot_of([state_of(0, sample, 1002.0)], 1002.0))
+    [(_, kept)] = engine._history[identity(0).uuid].items
+    assert (kept.clock_hertz, kept.memory_used_bytes, kept.energy_joules, kept.performance_state) == ({}, None, None, None)
+    assert (kept.temperature_celsius, kept.power_watts, kept.utilization_ratio, kept.clocks_event_seconds) == (
+        sample.temperature_celsius, sample.power_watts, sample.utilization_ratio, sample.clocks_event_seconds)
 
 
 # ------------------------------------------------------------------------------------ memory

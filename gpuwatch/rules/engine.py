@@ -12,8 +12,10 @@ leaves the state where it is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
+from types import MappingProxyType
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,22 @@ class _Track:
 
 
 _NOTHING = Observation(False)
+
+
+_EMPTY: Mapping[str, float] = MappingProxyType({})
+
+
+def _for_history(sample: FastSample) -> FastSample:
+    """The sample as the history keeps it: without the readings no rule looks back at.
+
+    Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``,
+    always complete); dropping them from the copies kept for the look-back saves about a third of
+    the history's memory (docs/performance.md). A rule that needs one of them from the past must
+    add it back here.
+    """
+    return dataclasses.replace(
+        sample, clock_hertz=_EMPTY, memory_total_bytes=None, memory_used_bytes=None, memory_free_bytes=None,
+        memory_reserved_bytes=None, energy_joules=None, performance_state=None, errors=())
 
 
 def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[str, RuleConfig]:
@@ -181,7 +199,7 @@ class Engine:
                 if state.fast is not None and state.fast_monotonic is not None:
                     last = history.last_time
                     if last is None or state.fast_monotonic > last:
-                        history.append(state.fast_monotonic, state.fast)
+                        history.append(state.fast_monotonic, _for_history(state.fast))
                 if state.slow is not None and state.slow_monotonic is not None:
                     last = slow.last_time
                     if last is None or state.slow_monotonic > last:
