@@ -74,14 +74,17 @@ class Config:
 
 # -- parsers for single values ----------------------------------------------------------------
 
-def _float(name: str) -> Callable[[Any], float]:
+def _float(name: str, unit: str = "seconds") -> Callable[[Any], float]:
+    """A positive finite number (of ``unit``)."""
+    what = f"number of {unit}" if unit else "number"
+
     def parse(value: Any) -> float:
         try:
             result = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected a number of seconds, got {value!r}") from None
-        if not result > 0 or result != result or result == float("inf"):
-            raise ConfigError(f"{name}: must be a positive number of seconds, got {value!r}")
+            raise ConfigError(f"{name}: expected a {what}, got {value!r}") from None
+        if not 0 < result < float("inf"):
+            raise ConfigError(f"{name}: must be a positive {what}, got {value!r}")
         return result
 
     return parse
@@ -122,21 +125,6 @@ def _bool(name: str) -> Callable[[Any], bool]:
         if text in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
-
-    return parse
-
-
-def _positive(name: str) -> Callable[[Any], float]:
-    """A positive finite number (a factor, not seconds)."""
-
-    def parse(value: Any) -> float:
-        try:
-            result = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
-        if not 0 < result < float("inf"):
-            raise ConfigError(f"{name}: must be a positive number, got {value!r}")
-        return result
 
     return parse
 
@@ -294,7 +282,7 @@ OPTIONS: tuple[Option, ...] = (
            "simulated backend: play a named scenario, one per anomaly rule (list them: gpuwatch demo --list)"),
     Option("replay.file", "replay_file", _file("replay.file"),
            "replay backend: trace file to play, written by `gpuwatch record` (docs/trace-format.md)"),
-    Option("replay.speed", "replay_speed", _positive("replay.speed"),
+    Option("replay.speed", "replay_speed", _float("replay.speed", unit=""),
            "replay backend: trace seconds per real second, e.g. 10 (default 1)"),
     Option("replay.loop", "replay_loop", _bool("replay.loop"),
            "replay backend: start over at the end of the trace instead of holding its last state", switch=True),

@@ -17,6 +17,18 @@ from prometheus_client.parser import text_string_to_metric_families
 import fakenvml
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout``; the exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -91,15 +103,9 @@ class Daemon:
                  f"{name}{labels} == {expected} (now {self.value(name, **labels)})")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        rc = stop_process(self.proc)
         self._log.close()
-        return self.proc.returncode
+        return rc
 
 
 def fake_env(fx: fakenvml.FakeNvmlEnv) -> dict[str, str]:

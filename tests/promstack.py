@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from daemon import wait_for
+from daemon import stop_process, wait_for
 
 
 def free_port() -> int:
@@ -46,13 +46,7 @@ class Process:
         self.proc = subprocess.Popen(argv, stdout=self._file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._file.close()
 
 

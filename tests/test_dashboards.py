@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 import fakenvml
-from daemon import Daemon, fake_env, wait_for
+from daemon import Daemon, fake_env, stop_process, wait_for
 from gpuwatch.exporter.catalogue import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -461,13 +461,7 @@ class Prometheus:
         return answer["data"]["result"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 

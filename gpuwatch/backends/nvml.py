@@ -205,6 +205,28 @@ class _Device:
     processes: Callable[[Any], Any] | None = None
 
 
+class _Query:
+    """Calls NVML for one GPU's poll: lost GPU and lifecycle errors raise, any other error leaves the
+    reading out and is remembered (by lowercase name) for gpuwatch_poll_errors_total."""
+
+    __slots__ = ("_backend", "_uuid", "errors")
+
+    def __init__(self, backend: NvmlBackend, uuid: str) -> None:
+        self._backend = backend
+        self._uuid = uuid
+        self.errors: list[str] = []
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except N.NVMLError as exc:
+            failure = self._backend._fail(exc, self._uuid)
+            if failure is not None:
+                raise failure from None
+            self.errors.append(ERROR_NAMES.get(exc.value, "unknown"))
+            return None
+
+
 class NvmlBackend:
     name = "nvml"
 
@@ -444,17 +466,8 @@ class NvmlBackend:
     def read_fast(self, uuid: str) -> FastSample:
         d = self._device(uuid)
         h = d.handle
-        errors: list[str] = []
-
-        def q(fn: Callable[..., Any], *args: Any) -> Any:
-            try:
-                return fn(*args)
-            except N.NVMLError as exc:
-                failure = self._fail(exc, uuid)
-                if failure is not None:
-                    raise failure from None
-                errors.append(ERROR_NAMES.get(exc.value, "unknown"))
-                return None
+        q = _Query(self, uuid)
+        errors = q.errors
 
         temperature = q(d.temperature, h) if d.temperature else None
         margin = q(N.nvmlDeviceGetMarginTemperature, h) if d.margin else None
@@ -537,17 +550,8 @@ class NvmlBackend:
     def read_slow(self, uuid: str) -> SlowSample:
         d = self._device(uuid)
         h = d.handle
-        errors: list[str] = []
-
-        def q(fn: Callable[..., Any], *args: Any) -> Any:
-            try:
-                return fn(*args)
-            except N.NVMLError as exc:
-                failure = self._fail(exc, uuid)
-                if failure is not None:
-                    raise failure from None
-                errors.append(ERROR_NAMES.get(exc.value, "unknown"))
-                return None
+        q = _Query(self, uuid)
+        errors = q.errors
 
         thresholds = {}
         for name, kind in d.thresholds:
