@@ -99,3 +99,21 @@ def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path):
         d.wait_value("gpuwatch_gpu_job_info", None, scheduler="slurm", job_id="4242", user="54321", **g0)
     finally:
         d.stop()
+
+
+def test_old_driver_process_list_falls_back_to_v2(tmp_path):
+    """Without nvmlDeviceGetComputeRunningProcesses_v3 (older driver) the _v2 call is used; the
+    unversioned pynvml wrapper would raise NVMLLibraryMismatchError, which is no NVMLError."""
+    proc = tmp_path / "proc"
+    fake_proc(proc, 300, SLURM_V1, 54323)
+    node = fakenvml.FakeNode.h200(1)
+    node.gpus[0].add_process(300, 3 * 2**30)
+    fx = fakenvml.prepare(tmp_path, node, old_driver=True)
+    d = Daemon(tmp_path, fake_env(fx), ["--attribution.proc-root", str(proc)])
+    try:
+        labels = dict(gpu="0", uuid=node.gpus[0].uuid)
+        d.wait_value("gpuwatch_gpu_job_info", 1, scheduler="slurm", job_id="777", user="54323", **labels)
+        assert fx.counts()["nvmlDeviceGetComputeRunningProcesses_v2"] >= 2
+        assert "nvmlDeviceGetComputeRunningProcesses_v3" not in {k for k, v in fx.counts().items() if v}
+    finally:
+        d.stop()

@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 #: History.trim drops samples from the front of its lists in chunks of at least this many (and at
 #: least half of the list), so that trimming costs O(1) amortized per sample, not O(length).
-_CHUNK = 64
+_CHUNK = 16  # expired samples dropped at once: memory stays within the window + 16 samples
 
 
 class History(Generic[T]):
@@ -92,7 +92,7 @@ class History(Generic[T]):
     def trim(self, horizon: float) -> None:
         """Forget the samples older than ``horizon``."""
         start = bisect.bisect_left(self.times, horizon, self.start)
-        if start >= _CHUNK and 2 * start >= len(self.items):
+        if start >= _CHUNK:
             del self.items[:start]
             del self.times[:start]
             for predicate, counts in self._counts.items():
