@@ -129,21 +129,14 @@ def _bool(name: str) -> Callable[[Any], bool]:
     return parse
 
 
-def _file(name: str) -> Callable[[Any], str]:
+def _existing(name: str, directory: bool = False, hint: str = "") -> Callable[[Any], str]:
+    """A path that must exist now: a file, or a directory."""
+    check, kind = (os.path.isdir, "directory") if directory else (os.path.isfile, "file")
+
     def parse(value: Any) -> str:
         text = str(value)
-        if not os.path.isfile(text):
-            raise ConfigError(f"{name}: {text!r} is not a file (write one with `gpuwatch record --output FILE`)")
-        return text
-
-    return parse
-
-
-def _directory(name: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        text = str(value)
-        if not os.path.isdir(text):
-            raise ConfigError(f"{name}: {text!r} is not a directory")
+        if not check(text):
+            raise ConfigError(f"{name}: {text!r} is not a {kind}{hint}")
         return text
 
     return parse
@@ -280,7 +273,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
     Option("sim.scenario", "sim_scenario", str,
            "simulated backend: play a named scenario, one per anomaly rule (list them: gpuwatch demo --list)"),
-    Option("replay.file", "replay_file", _file("replay.file"),
+    Option("replay.file", "replay_file", _existing("replay.file", hint=" (write one with `gpuwatch record --output FILE`)"),
            "replay backend: trace file to play, written by `gpuwatch record` (docs/trace-format.md)"),
     Option("replay.speed", "replay_speed", _float("replay.speed", unit=""),
            "replay backend: trace seconds per real second, e.g. 10 (default 1)"),
@@ -290,9 +283,9 @@ OPTIONS: tuple[Option, ...] = (
            "export per-process GPU memory series (off by default: PIDs churn)", switch=True),
     Option("collector.processes-max", "collector_processes_max", _int("collector.processes-max", 1, 10000),
            "at most this many per-process series per node (default 100)"),
-    Option("attribution.proc-root", "attribution_proc_root", _directory("attribution.proc-root"),
+    Option("attribution.proc-root", "attribution_proc_root", _existing("attribution.proc-root", directory=True),
            "where to read PIDs' cgroups and owners (default /proc)"),
-    Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir", _directory("attribution.hpc-job-mapping-dir"),
+    Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir", _existing("attribution.hpc-job-mapping-dir", directory=True),
            "dcgm-exporter style directory of job ids per GPU index, written by a Slurm prolog (default: none)"),
     Option("rules.expected-gpus", "rules_expected_gpus", _int("rules.expected-gpus", 0, 4096),
            "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),

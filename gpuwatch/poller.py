@@ -152,8 +152,9 @@ class Poller:
         errors: list[str] = []
         complete = True
         read = self._backend.read_fast if tier == "fast" else self._backend.read_slow
-        put = self._store.put_fast if tier == "fast" else self._store.put_slow
-        for uuid in self._store.visible_uuids():
+        # one snapshot per poll (not one per GPU): the identities of the GPUs to read, in index order
+        identities = {g.identity.uuid: g.identity for g in self._store.snapshot().gpus if g.visible}
+        for uuid, identity in identities.items():
             try:
                 sample = read(uuid)
             except DeviceLost as exc:
@@ -181,19 +182,19 @@ class Poller:
                 self._log.info("gpu_recovered", uuid=uuid, gpu=self._index(uuid))
             errors.extend(sample.errors)
             if tier == "slow":
-                self._store.put_slow(uuid, sample, self._workloads(uuid, sample))
+                self._store.put_slow(uuid, sample, self._workloads(identity, sample))
             else:
-                put(uuid, sample)
+                self._store.put_fast(uuid, sample)
         self._store.poll_finished(tier, complete, time.perf_counter() - started, errors)
 
-    def _workloads(self, uuid: str, sample: SlowSample) -> tuple[ProcessInfo, ...]:
+    def _workloads(self, identity: GpuIdentity, sample: SlowSample) -> tuple[ProcessInfo, ...]:
         if self._attribute is None:
             return ()
-        identity = next(g.identity for g in self._store.snapshot().gpus if g.identity.uuid == uuid)
         try:
             return self._attribute(identity, sample.processes)
         except Exception as exc:  # attribution is best effort: never lose the slow sample for it
-            self._log.error("attribution_failed", uuid=uuid, error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            self._log.error("attribution_failed", uuid=identity.uuid, gpu=str(identity.index),
+                            error=f"{type(exc).__name__}: {exc}", exc_info=True)
             return ()
 
     def _index(self, uuid: str) -> str:

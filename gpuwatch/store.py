@@ -156,10 +156,6 @@ class Store:
             self._changed()
 
     # -- readers -----------------------------------------------------------------------------
-    def visible_uuids(self) -> list[str]:
-        with self._lock:
-            return [s.identity.uuid for s in self._sorted() if s.visible]
-
     def _sorted(self) -> list[GpuState]:
         return sorted(self._gpus.values(), key=lambda s: (s.identity.index, s.identity.uuid))
 

@@ -39,7 +39,7 @@ def test_live_view_lists_every_gpu_and_marks_a_lost_one():
     store = Store(clock, backend.name)
     poller = Poller(backend, store, clock)
     poller.poll_fast()
-    store.set_gpu_up(store.visible_uuids()[1], False)
+    store.set_gpu_up(store.snapshot().gpus[1].identity.uuid, False)
     lines = live.render(store.snapshot(), clock.monotonic(), 6.0)
     assert lines[0].startswith("gpuwatch · 3 GPUs · backend up")
     assert lines[1] == live.HEADER
