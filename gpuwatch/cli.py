@@ -97,7 +97,7 @@ class Agent:
 
     def evaluate_rules(self) -> None:
         anomalies = self.engine.evaluate(self.store.snapshot(), self.clock.monotonic(), self.clock.wall())
-        self.store.set_anomalies(anomalies)
+        self.store.set_anomalies(anomalies, *self.engine.counters())
         self.last_evaluated = self.clock.monotonic()
 
     def alive(self) -> str | None:

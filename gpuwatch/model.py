@@ -260,6 +260,8 @@ class NodeSnapshot:
     taken_monotonic: float
     taken_wall: float
     anomalies: tuple["Anomaly", ...] = ()
+    rule_onsets: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> onsets on any GPU or the node
+    rule_errors: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> evaluations that raised
 
 
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gpuwatch.clock import Clock
 from gpuwatch.model import (
@@ -43,6 +43,8 @@ class Store:
         self._generation = 0
         self._snapshot: NodeSnapshot | None = None
         self._anomalies: tuple[Anomaly, ...] = ()
+        self._onsets: dict[str, int] = {}
+        self._rule_errors: dict[str, int] = {}
 
     # -- writers -----------------------------------------------------------------------------
     def _changed(self) -> None:
@@ -120,11 +122,15 @@ class Store:
             self._gpus[event.uuid] = dataclasses.replace(state, xid_counts=counts, xid_last_timestamp=last)
             self._changed()
 
-    def set_anomalies(self, anomalies: tuple[Anomaly, ...]) -> None:
-        """The rule engine's latest verdicts (every evaluated rule and GPU, firing or not)."""
+    def set_anomalies(self, anomalies: tuple[Anomaly, ...], onsets: Mapping[str, int] | None = None,
+                      errors: Mapping[str, int] | None = None) -> None:
+        """The rule engine's latest verdicts (every evaluated rule and GPU, firing or not), and its
+        counters per enabled rule: onsets and evaluations that raised."""
+        onsets = dict(onsets or {})
+        errors = dict(errors or {})
         with self._lock:
-            if anomalies != self._anomalies:
-                self._anomalies = anomalies
+            if (anomalies, onsets, errors) != (self._anomalies, self._onsets, self._rule_errors):
+                self._anomalies, self._onsets, self._rule_errors = anomalies, onsets, errors
                 self._changed()
 
     def poll_started(self, tier: str) -> None:
@@ -174,5 +180,7 @@ class Store:
                     taken_monotonic=self._clock.monotonic(),
                     taken_wall=self._clock.wall(),
                     anomalies=self._anomalies,
+                    rule_onsets=self._onsets,
+                    rule_errors=self._rule_errors,
                 )
             return self._snapshot

@@ -113,7 +113,7 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
         store.put_slow(gpu.identity.uuid, slow_sample())
     store.record_xid(XidEvent(gpus[0].identity.uuid, 79, 1_700_000_100.5))
     store.set_anomalies((Anomaly("overheating", "critical", gpus[1].identity.uuid, "1", True, 1_700_000_000.25, 2),
-                         Anomaly("backend_down", "critical")))
+                         Anomaly("backend_down", "critical")), {"overheating": 2, "backend_down": 0}, {"overheating": 1})
     store.poll_finished("fast", True, 0.0123)
     samples = render(store.snapshot(), clock.monotonic(), lambda tier: 6.0 if tier == "fast" else 90.0,
                      build_labels())

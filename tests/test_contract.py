@@ -32,7 +32,7 @@ FEATURE_SERIES = {
     "remapped_rows": ("gpuwatch_remapped_rows_pending", {}),
     "retired_pages": ("gpuwatch_retired_pages_pending", {}),
     "pcie": ("gpuwatch_pcie_link_generation", {"link": "current"}),
-    "xid_events": ("gpuwatch_xid_errors_total", {}),
+    "xid_events": ("gpuwatch_xid_events_total", {}),
 }
 # Every GPU of every backend has these.
 ALWAYS = ("gpuwatch_gpu_info", "gpuwatch_gpu_up", "gpuwatch_temperature_celsius", "gpuwatch_clock_hertz",

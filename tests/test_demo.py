@@ -24,7 +24,7 @@ def test_demo_serves_eight_gpus_and_passes_promtool(tmp_path):
         assert samples[("gpuwatch_backend_up", (("backend", "simulated"),))] == 1
         assert len({dict(k[1])["uuid"] for k in samples if k[0] == "gpuwatch_gpu_up"}) == 8
         assert [k for k in samples if k[0] == "gpuwatch_fan_speed_ratio"]
-        assert [k for k in samples if k[0] == "gpuwatch_anomaly"]
+        assert [k for k in samples if k[0] == "gpuwatch_anomaly_onsets_total"]
         result = subprocess.run([shutil.which("promtool"), "check", "metrics"], input=body,
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -187,11 +187,14 @@ def test_xid_event_becomes_a_counter(start):
     node = fakenvml.FakeNode.h200(2)
     d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
-    assert d.value("gpuwatch_xid_errors_total", **labels(node, 1, xid="79")) == 0
+    assert d.value("gpuwatch_xid_events_total", **labels(node, 1)) == 0
+    assert d.value("gpuwatch_xid_errors_total", **labels(node, 1, xid="79")) is None
     node.add_xid(gpu=1, xid=79)
     d.fx.write(node)
     d.wait_value("gpuwatch_xid_errors_total", 1, **labels(node, 1, xid="79"))
+    assert d.value("gpuwatch_xid_events_total", **labels(node, 1)) == 1
     assert d.value("gpuwatch_xid_last_timestamp_seconds", **labels(node, 1, xid="79")) > 1.7e9
-    assert d.value("gpuwatch_xid_errors_total", **labels(node, 0, xid="79")) == 0
+    assert d.value("gpuwatch_xid_events_total", **labels(node, 0)) == 0
+    assert d.value("gpuwatch_xid_errors_total", **labels(node, 0, xid="79")) is None
     events = [e for e in d.events() if e["event"] == "xid_event"]
     assert len(events) == 1 and events[0]["xid"] == 79 and events[0]["gpu"] == "1"

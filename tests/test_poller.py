@@ -159,14 +159,17 @@ def test_wedged_call_skips_runs_without_piling_up_and_resumes(capsys):
 
 
 def test_xid_events_become_counters_from_zero():
+    """The per-GPU XID counter exists at 0 from the start; a code's own series appears with its first event."""
     clock, backend, store, poller = make(1)
     poller.poll_fast()
     uuid = backend.gpus[0].identity.uuid
     text = exposition(store, clock)
-    assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="79") == 0
+    assert value(text, "gpuwatch_xid_events_total", gpu="0", uuid=uuid) == 0
+    assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="79") is None
     store.record_xid(XidEvent(uuid, 79, 1_700_000_100.0))
     store.record_xid(XidEvent(uuid, 13, 1_700_000_200.0))
     text = exposition(store, clock)
+    assert value(text, "gpuwatch_xid_events_total", gpu="0", uuid=uuid) == 2
     assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="79") == 1
     assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="13") == 1
     assert value(text, "gpuwatch_xid_last_timestamp_seconds", gpu="0", uuid=uuid, xid="13") == 1_700_000_200.0

@@ -12,11 +12,12 @@ def test_sighup_applies_rule_settings_and_survives_a_bad_file(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     d = Daemon(tmp_path, env, ["--config", str(config), "--backend", "simulated", "--sim.gpus", "2"])
     try:
-        wait_for(lambda: [k for k in d.metrics() if k[0] == "gpuwatch_anomaly" and ("rule", "power_capped") in k[1]])
+        onsets = ("gpuwatch_anomaly_onsets_total", (("rule", "power_capped"),))  # one per enabled rule
+        wait_for(lambda: onsets in d.metrics())
         config.write_text("rules:\n  power_capped:\n    enabled: false\n")
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: [e for e in d.events() if e["event"] == "reloaded"])
-        wait_for(lambda: not [k for k in d.metrics() if k[0] == "gpuwatch_anomaly" and ("rule", "power_capped") in k[1]])
+        wait_for(lambda: onsets not in d.metrics())
         config.write_text("rules:\n  power_capped:\n    enabled: maybe\n")
         d.proc.send_signal(signal.SIGHUP)
         failed = wait_for(lambda: [e for e in d.events() if e["event"] == "reload_failed"])

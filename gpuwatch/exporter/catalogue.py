@@ -87,8 +87,12 @@ _SPECS = (
          "Cumulative seconds clocks were held down for the reason (NVML violation counters, fields "
          "NVML_FI_DEV_PERF_POLICY_* and NVML_FI_DEV_CLOCKS_EVENT_REASON_*; 'Clocks Event Reasons Counters')."),
     # health
+    Spec("gpuwatch_xid_events_total", "counter", G,
+         "XID error events received from NVML (nvmlEventSetWait), any code; at 0 from the start on GPUs "
+         "that deliver XID events."),
     Spec("gpuwatch_xid_errors_total", "counter", G + ("xid",),
-         "XID error events received from NVML (nvmlEventSetWait), per XID code."),
+         "XID error events per XID code; a code's series appears with its first event "
+         "(alert on gpuwatch_xid_events_total, look here for the codes)."),
     Spec("gpuwatch_xid_last_timestamp_seconds", "gauge", G + ("xid",), "Unix time of the last XID event of that code."),
     Spec("gpuwatch_ecc_errors_total", "counter", G + ("error", "counter"),
          "ECC error counts: corrected/uncorrected, volatile (since driver load) or aggregate (lifetime) "
@@ -116,13 +120,17 @@ _SPECS = (
          "--collector.processes-max series per node; never command lines."),
     # anomalies (rule evaluators, docs/rules.md)
     Spec("gpuwatch_anomaly", "gauge", G + ("rule", "severity"),
-         "1 while the rule fires on the GPU, 0 while it is evaluated and quiet; one series per GPU and enabled "
-         "rule that applies to it (see docs/rules.md)."),
-    Spec("gpuwatch_anomaly_onsets_total", "counter", G + ("rule",), "Number of times the rule started firing on the GPU."),
+         "1 while the rule fires on the GPU; absent otherwise, like Prometheus' ALERTS series "
+         "(docs/rules.md; /api/v1/status lists every evaluated rule)."),
+    Spec("gpuwatch_anomaly_onsets_total", "counter", ("rule",),
+         "Times the rule started firing, on any GPU or the node; one series per enabled rule, at 0 from the start."),
     Spec("gpuwatch_anomaly_since_timestamp_seconds", "gauge", G + ("rule",),
          "Unix time the current episode of the rule began firing; only while firing."),
     Spec("gpuwatch_node_anomaly", "gauge", ("rule", "severity"),
-         "1 while the node-level rule fires (backend_down, collection_stalled, gpu_missing), else 0."),
+         "1 while the node-level rule fires (backend_down, collection_stalled, gpu_missing); absent otherwise."),
+    Spec("gpuwatch_rule_evaluation_errors_total", "counter", ("rule",),
+         "Evaluations of the rule that raised (a bug in the rule): its state on that GPU stays as it was, every "
+         "other rule and GPU is still evaluated; one series per enabled rule, at 0 from the start."),
     # the exporter itself
     Spec("gpuwatch_poll_success", "gauge", ("tier",),
          "1 if the last poll of the tier completed for every visible GPU and is not older than the staleness bound."),
@@ -130,6 +138,11 @@ _SPECS = (
     Spec("gpuwatch_last_poll_timestamp_seconds", "gauge", ("tier",), "Unix time of the last completed poll of the tier."),
     Spec("gpuwatch_poll_errors_total", "counter", ("tier", "error"),
          "Failed NVML queries by NVML error name (lowercase), e.g. gpu_is_lost, timeout, unknown."),
+    Spec("gpuwatch_collector_success", "gauge", ("group",),
+         "1 if the reading group's last read succeeded on every GPU it applies to, else 0; only enabled groups "
+         "(node_exporter's node_scrape_collector_success)."),
+    Spec("gpuwatch_collector_duration_seconds", "gauge", ("group",),
+         "Seconds the reading group's last read took, all GPUs together."),
 )
 
 CATALOGUE: dict[str, Spec] = {spec.name: spec for spec in _SPECS}

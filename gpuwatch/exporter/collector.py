@@ -20,10 +20,6 @@ from gpuwatch.clock import Clock
 from gpuwatch.exporter.catalogue import CATALOGUE
 from gpuwatch.model import FEATURES, GpuState, NodeSnapshot, TierState, absolute_thresholds
 
-# XID codes exported at 0 from the start on GPUs with XID events, so that the first event shows
-# up in increase(): the codes that mean a GPU needs attention (see docs/metrics.md).
-WELL_KNOWN_XIDS = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120)
-
 LabelValues = tuple[str, ...]
 
 
@@ -155,14 +151,18 @@ def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], bu
         if gpu.up and gpu.slow_monotonic is not None and now - gpu.slow_monotonic <= slow_bound:
             budget = _render_workloads(out, gpu, budget)
     for anomaly in snap.anomalies:
+        if not anomaly.firing:  # sparse, like ALERTS: quiet rules have no series (contract v2)
+            continue
         if anomaly.uuid is None:
-            out.add("gpuwatch_node_anomaly", (anomaly.rule, anomaly.severity), anomaly.firing)
+            out.add("gpuwatch_node_anomaly", (anomaly.rule, anomaly.severity), 1)
             continue
         g = (anomaly.gpu or "", anomaly.uuid)
-        out.add("gpuwatch_anomaly", g + (anomaly.rule, anomaly.severity), anomaly.firing)
-        out.add("gpuwatch_anomaly_onsets_total", g + (anomaly.rule,), anomaly.onsets)
-        if anomaly.firing:
-            out.add("gpuwatch_anomaly_since_timestamp_seconds", g + (anomaly.rule,), anomaly.since_wall)
+        out.add("gpuwatch_anomaly", g + (anomaly.rule, anomaly.severity), 1)
+        out.add("gpuwatch_anomaly_since_timestamp_seconds", g + (anomaly.rule,), anomaly.since_wall)
+    for rule, count in snap.rule_onsets.items():
+        out.add("gpuwatch_anomaly_onsets_total", (rule,), count)
+    for rule, count in snap.rule_errors.items():
+        out.add("gpuwatch_rule_evaluation_errors_total", (rule,), count)
     return out
 
 
@@ -197,10 +197,10 @@ def _render_gpu(out: Samples, gpu: GpuState, now: float, fast_bound: float, slow
     for feature in FEATURES:
         if feature in gpu.features:
             out.add("gpuwatch_gpu_feature_supported", g + (feature,), gpu.features[feature])
-    if gpu.features.get("xid_events"):
-        codes = set(WELL_KNOWN_XIDS) | set(gpu.xid_counts)
-        for xid in codes:
-            out.add("gpuwatch_xid_errors_total", g + (str(xid),), gpu.xid_counts.get(xid, 0))
+    if gpu.features.get("xid_events") or gpu.xid_counts:
+        out.add("gpuwatch_xid_events_total", g, sum(gpu.xid_counts.values()))
+    for xid, count in gpu.xid_counts.items():  # a code's series appears with its first event
+        out.add("gpuwatch_xid_errors_total", g + (str(xid),), count)
     for xid, ts in gpu.xid_last_timestamp.items():
         out.add("gpuwatch_xid_last_timestamp_seconds", g + (str(xid),), ts)
     if not gpu.up:

@@ -161,6 +161,8 @@ class Engine:
         self._slow_history: dict[str, History[SlowSample]] = {}
         self._signature: tuple[Mapping[str, bool], ...] | None = None  # the GPUs' features of _targets
         self._targets: dict[str, list[int] | None] = {}
+        self._onsets: dict[str, int] = {}  # rule id -> onsets on any GPU or the node
+        self._errors: dict[str, int] = {}  # rule id -> evaluations that raised
         self._log = get_logger(component="rules")
         self._lock = threading.Lock()
 
@@ -182,6 +184,12 @@ class Engine:
         slow_seconds = check_lookback(self._rules, configs, self._window_seconds)
         with self._lock:
             self._configs, self._slow_seconds = configs, slow_seconds
+
+    def counters(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(onsets, evaluation errors) per enabled rule, over every GPU and the node; 0 until the first."""
+        with self._lock:
+            enabled = [rule.id for rule in self._rules if self._configs[rule.id].enabled]
+            return ({r: self._onsets.get(r, 0) for r in enabled}, {r: self._errors.get(r, 0) for r in enabled})
 
     def _remember(self, snap: NodeSnapshot) -> None:
         fast_horizon = snap.taken_monotonic - self._window_seconds
@@ -288,6 +296,7 @@ class Engine:
             if state == "pending" and now - track.since >= config.hold_seconds:
                 track.state, track.since_wall = "firing", wall
                 track.onsets += 1
+                self._onsets[rule.id] = self._onsets.get(rule.id, 0) + 1
                 self._transition("anomaly_started", rule, config, uuid, gpu, track.last)
             elif state == "clearing" and now - track.since >= config.clear_seconds:
                 track.state, track.since_wall = "quiet", None
