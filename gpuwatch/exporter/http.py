@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import html
 import json
+import re
 import socket
 import ssl
 import sys
@@ -190,9 +191,34 @@ class _ServerHandler(ServerHandler):
             _log().error("http_handler_failed", error=repr(exc), exc_info=exc_info)
 
 
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token: what a method may be
+
+
 class _Handler(WSGIRequestHandler):
+    # Errors found while parsing the request line are answered as HTTP/1.0 (with a status line and
+    # headers), not in the stdlib's HTTP/0.9 default, which is a bare body.
+    default_request_version = "HTTP/1.0"
+    error_content_type = "text/plain; charset=utf-8"
+    error_message_format = "%(code)d %(message)s\n"
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass  # scrapes are not worth a log line each
+
+    def parse_request(self) -> bool:
+        """The stdlib's parser, which answers 400/505 itself, plus what it lets through: an empty
+        request line, HTTP/0.9's version-less ``GET /`` and a method that is not a token get 400 too."""
+        words = self.raw_requestline.split()
+        if len(words) in (0, 2):
+            self.command, self.request_version, self.close_connection = None, self.default_request_version, True
+            self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+            self.send_error(400, "Bad request line: expected METHOD PATH HTTP/1.x" if words else "Empty request line")
+            return False
+        if not super().parse_request():
+            return False
+        if not _TOKEN.fullmatch(self.command or ""):
+            self.send_error(400, "Bad request method: not an HTTP token")
+            return False
+        return True
 
     def get_environ(self) -> dict[str, Any]:
         environ = super().get_environ()
@@ -203,6 +229,8 @@ class _Handler(WSGIRequestHandler):
     def handle(self) -> None:
         # WSGIRequestHandler.handle with a ServerHandler that logs through structlog
         self.raw_requestline = self.rfile.readline(65537)
+        if not self.raw_requestline:
+            return  # the client closed the connection without sending anything
         if len(self.raw_requestline) > 65536:
             self.requestline = ""
             self.request_version = ""
