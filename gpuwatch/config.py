@@ -19,14 +19,12 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpuwatch import webconfig
 from gpuwatch.errors import ConfigError
 from gpuwatch.logs import FORMATS, LEVELS
+from gpuwatch.yamlfile import read_yaml
 
 DEFAULT_PORT = 19400
 BACKENDS = ("nvml", "simulated", "replay")
@@ -318,16 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    data = read_yaml(path, "config file")  # ConfigError for every way the file can be unreadable
     if data is None:
         return {}
     if not isinstance(data, dict):

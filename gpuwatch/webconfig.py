@@ -41,10 +41,10 @@ from types import MappingProxyType
 from typing import Any
 
 import bcrypt
-import yaml
 
 from gpuwatch import logs
 from gpuwatch.errors import ConfigError
+from gpuwatch.yamlfile import read_yaml
 
 REALM = "gpuwatch"
 
@@ -161,43 +161,15 @@ class WebConfig:
 
 # -- loading ---------------------------------------------------------------------------------------
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice (the toolkit's strict YAML does the same)."""
-
-
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def load(path: str | os.PathLike[str]) -> WebConfig:
     """Read and validate a web configuration file; every problem raises ConfigError naming it."""
     path = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"web config file {path}: cannot read it: {reason}") from None
-    return parse(text, path)
+    return _validate(read_yaml(path, "web config file"), path)
 
 
-def parse(text: str, path: str) -> WebConfig:
-    """Validate the text of a web configuration file; relative file names are relative to its folder."""
+def _validate(data: Any, path: str) -> WebConfig:
+    """Check the parsed file; relative file names are relative to its folder."""
     where = f"web config file {path}"
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{where} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

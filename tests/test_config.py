@@ -78,4 +78,4 @@ def test_cli_exits_78_on_bad_config_without_traceback(tmp_path, capsys):
     rc = cli.main(["run", "--config", str(tmp_path / "missing.yml")])
     err = capsys.readouterr().err
     assert rc == 78
-    assert "cannot read config file" in err and "Traceback" not in err
+    assert "config file" in err and "cannot read it: No such file" in err and "Traceback" not in err

@@ -1,0 +1,80 @@
+"""Reading a YAML file that a person wrote: every way it can be unreadable is one ConfigError.
+
+Used for gpuwatch's own configuration file and the web configuration file. The message names the
+file, says where (line and column) and what to do; it never ends in a traceback:
+
+- the file cannot be opened or read (missing, a directory, permissions): the OS's reason;
+- it is not UTF-8 (a latin-1 ``°`` in a comment): the first bad byte and where it is;
+- it is not YAML, or nests deeper than any configuration needs: where the parser gave up;
+- a key is given twice in one mapping (YAML would keep the last silently; exporter-toolkit's
+  strict YAML refuses it, and so does gpuwatch).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+from gpuwatch.errors import ConfigError
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: construct_mapping reports it
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def _not_utf8(raw: bytes, exc: UnicodeDecodeError) -> str:
+    start = exc.start
+    line = raw.count(b"\n", 0, start) + 1
+    column = start - (raw.rfind(b"\n", 0, start) + 1) + 1
+    return (f"is not UTF-8: byte 0x{raw[start]:02x} at line {line}, column {column} "
+            f"(save the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`)")
+
+
+def parse_yaml(raw: bytes | str, where: str) -> Any:
+    """The YAML document in ``raw``; ConfigError starting with ``where`` (e.g. "config file X") if it is not."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{where} {_not_utf8(raw, exc)}") from None
+    else:
+        text = raw
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{where} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{where} nests too deeply to be a configuration file") from None
+
+
+def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
+    """Read and parse ``path``; ``what`` names the kind of file in messages ("config file")."""
+    path = os.fspath(path)
+    where = f"{what} {path}"
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    return parse_yaml(raw, where)
