@@ -108,6 +108,9 @@ class DiscoveredGpu:
 
     identity: GpuIdentity
     features: Mapping[str, bool]
+    # Lowercase names of problems met while reading it (e.g. invalid_utf8: a text with bytes that are
+    # not UTF-8, kept with U+FFFD in their place), counted in gpuwatch_poll_errors_total.
+    errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,7 @@ class DriverInfo:
     driver_version: str
     nvml_version: str
     cuda_driver_version: str
+    errors: tuple[str, ...] = ()  # as DiscoveredGpu.errors
 
 
 @dataclass(frozen=True, slots=True)

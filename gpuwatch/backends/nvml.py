@@ -29,6 +29,7 @@ from typing import Any
 import pynvml as N
 
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.logs import get_logger
 from gpuwatch.model import (
     CLOCKS,
     DiscoveredGpu,
@@ -149,6 +150,37 @@ def _first_supported(*candidates: tuple[Callable[..., Any], tuple[Any, ...]]) ->
     return None
 
 
+class _Texts:
+    """NVML's strings, decoded here and nowhere else.
+
+    pynvml decodes char buffers strictly (``bytes.decode()``), so one byte that is not UTF-8 (a
+    corrupted InfoROM's serial) raises UnicodeDecodeError out of any call. Here the raw bytes are
+    taken from under pynvml's decoding (its ``convertStrBytes`` wrapper keeps the undecorated call
+    as ``__wrapped__``; structures are read with ctypes' own attribute access), decoded with U+FFFD
+    for each bad byte, and every such text is remembered as ``invalid_utf8``.
+    """
+
+    __slots__ = ("invalid",)
+
+    def __init__(self) -> None:
+        self.invalid: list[str] = []  # which texts had bad bytes
+
+    def decode(self, what: str, raw: Any) -> str:
+        if not isinstance(raw, bytes):
+            return str(raw)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.invalid.append(what)
+            return raw.decode("utf-8", "replace")
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> str:
+        return self.decode(what, getattr(fn, "__wrapped__", fn)(*args))
+
+    def field(self, what: str, struct: Any, name: str) -> str:
+        return self.decode(what, ctypes.Structure.__getattribute__(struct, name))
+
+
 def _fan_rpm(handle: Any, fan: int) -> int:
     # pynvml's wrapper hard-codes fan 0; build the versioned struct for any fan.
     info = N.c_nvmlFanSpeedInfo_t()
@@ -244,9 +276,10 @@ class NvmlBackend:
         except N.NVMLError as exc:
             raise self._unavailable(exc) from None
         self._open = True
+        texts = _Texts()
         try:
-            driver = N.nvmlSystemGetDriverVersion()
-            nvml = N.nvmlSystemGetNVMLVersion()
+            driver = texts.call("driver_version", N.nvmlSystemGetDriverVersion)
+            nvml = texts.call("nvml_version", N.nvmlSystemGetNVMLVersion)
             try:
                 cuda_int = N.nvmlSystemGetCudaDriverVersion()
                 cuda = f"{cuda_int // 1000}.{cuda_int % 1000 // 10}"
@@ -255,7 +288,11 @@ class NvmlBackend:
         except N.NVMLError as exc:
             self.close()
             raise self._unavailable(exc) from None
-        return DriverInfo(driver_version=str(driver), nvml_version=str(nvml), cuda_driver_version=cuda)
+        if texts.invalid:
+            get_logger(component="nvml").warning("nvml_invalid_text", texts=texts.invalid,
+                                                 hint="the driver reported text that is not UTF-8; shown with U+FFFD")
+        return DriverInfo(driver_version=driver, nvml_version=nvml, cuda_driver_version=cuda,
+                          errors=("invalid_utf8",) * len(texts.invalid))
 
     def close(self) -> None:
         if not self._open:
@@ -304,15 +341,14 @@ class NvmlBackend:
         found: list[DiscoveredGpu] = []
         devices: dict[str, _Device] = {}
         for index in range(count):
+            texts = _Texts()
             try:
                 handle = N.nvmlDeviceGetHandleByIndex(index)
-                identity = self._identity(handle, index)
+                identity = self._identity(handle, index, texts)
             except N.NVMLError as exc:
                 if exc.value in _BACKEND_GONE and exc.value != N.NVML_ERROR_NO_PERMISSION:
                     raise self._unavailable(exc) from None
                 # The GPU cannot even be identified (lost, no permission): gpuwatch_gpus says how many are seen.
-                from gpuwatch.logs import get_logger
-
                 get_logger(component="nvml").error(
                     "gpu_unidentifiable", gpu=str(index), error=f"NVML: {exc}",
                     hint="the driver counts this GPU but cannot open it: check `nvidia-smi` and `dmesg`")
@@ -325,32 +361,39 @@ class NvmlBackend:
                     raise self._unavailable(exc) from None
                 device.features = {}  # lost while probing: its polls report it down
             devices[identity.uuid] = device
-            found.append(DiscoveredGpu(identity=identity, features=dict(device.features)))
+            errors = ()
+            if texts.invalid:
+                errors = ("invalid_utf8",) * len(texts.invalid)
+                get_logger(component="nvml").warning(
+                    "nvml_invalid_text", gpu=str(index), uuid=identity.uuid, texts=texts.invalid,
+                    hint="the GPU reported text that is not UTF-8 (a corrupted InfoROM?); it is shown with U+FFFD "
+                         "and the GPU is monitored as usual; check `nvidia-smi -q -i " + str(index) + "`")
+            found.append(DiscoveredGpu(identity=identity, features=dict(device.features), errors=errors))
         self._devices = devices
         self._by_handle = {_handle_key(d.handle): uuid for uuid, d in devices.items()}
         self._register_events()
         return found
 
     @staticmethod
-    def _identity(handle: Any, index: int) -> GpuIdentity:
-        def optional(fn: Callable[[Any], Any]) -> Any:
+    def _identity(handle: Any, index: int, texts: _Texts) -> GpuIdentity:
+        def optional(fn: Callable[[], Any]) -> Any:
             try:
-                return fn(handle)
+                return fn()
             except N.NVMLError as exc:
                 if exc.value == _LOST or exc.value in _BACKEND_GONE:
                     raise
                 return None
 
-        arch = optional(N.nvmlDeviceGetArchitecture)
-        minor = optional(N.nvmlDeviceGetMinorNumber)
+        arch = optional(lambda: N.nvmlDeviceGetArchitecture(handle))
+        minor = optional(lambda: N.nvmlDeviceGetMinorNumber(handle))
         return GpuIdentity(
             index=index,
-            uuid=str(N.nvmlDeviceGetUUID(handle)),
-            name=str(N.nvmlDeviceGetName(handle)),
-            pci_bus_id=str(N.nvmlDeviceGetPciInfo(handle).busId),
-            serial=optional(N.nvmlDeviceGetSerial),
+            uuid=texts.call("uuid", N.nvmlDeviceGetUUID, handle),
+            name=texts.call("name", N.nvmlDeviceGetName, handle),
+            pci_bus_id=texts.field("pci_bus_id", N.nvmlDeviceGetPciInfo(handle), "busId"),
+            serial=optional(lambda: texts.call("serial", N.nvmlDeviceGetSerial, handle)),
             minor_number=minor,
-            vbios_version=optional(N.nvmlDeviceGetVbiosVersion),
+            vbios_version=optional(lambda: texts.call("vbios_version", N.nvmlDeviceGetVbiosVersion, handle)),
             architecture=None if arch is None else _ARCHITECTURES.get(arch, "unknown"),
         )
 

@@ -722,8 +722,10 @@ class FakeNode:
         text = self.render()
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+            # surrogateescape: a test may put bytes that are not UTF-8 into a string ("PSN\udcb0"
+            # is written as b"PSN\xb0"), as a corrupted InfoROM would report them
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8", "surrogateescape"))
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
