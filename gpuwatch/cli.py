@@ -123,7 +123,7 @@ class Agent:
         """Apply what can change without a restart (rules, log level); returns the settings that need one."""
         rules = build_configs(self.engine.rules, new.rules)  # ConfigError: the caller keeps the old settings
         self.engine.reconfigure(rules)
-        logs.configure(new.log_level, new.log_format)
+        logs.reconfigure(new.log_level, new.log_format)
         live = ("rules", "log_level", "log_format",  # the check_* settings are for `gpuwatch check` only
                 "check_username", "check_password_file", "check_client_cert_file", "check_client_key_file")
         changed = [f.name for f in dataclasses.fields(Config)
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             drain = _drain_settings(args)
     except ConfigError as exc:
-        print(f"gpuwatch: configuration error: {exc}", file=sys.stderr)
+        logs.say(f"gpuwatch: configuration error: {exc}")
         return EX_CONFIG
     if args.command == "check":
         if drain is not None:
@@ -226,10 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _record(config, args.output, duration)
         agent = Agent(config)
     except ConfigError as exc:
-        print(f"gpuwatch: configuration error: {exc}", file=sys.stderr)
+        logs.say(f"gpuwatch: configuration error: {exc}")
         return EX_CONFIG
     except ReplayFormatError as exc:
-        print(f"gpuwatch: cannot replay: {exc}", file=sys.stderr)
+        logs.say(f"gpuwatch: cannot replay: {exc}")
         return EX_CONFIG
     if args.command == "once":
         return _once(agent)
@@ -284,7 +284,7 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     try:
         bound = agent.serve()
     except ConfigError as exc:  # the web config file changed between the check at start and now
-        print(f"gpuwatch: configuration error: {exc}", file=sys.stderr)
+        logs.say(f"gpuwatch: configuration error: {exc}")
         return EX_CONFIG
     except OSError as exc:
         log.error("listen_failed", addresses=list(config.listen_addresses), error=str(exc),
@@ -305,7 +305,7 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
         urls = [f"{agent.http.scheme}://{_display_host(b)}{config.telemetry_path}" for b in bound]
         what = (f"scenario {config.sim_scenario}" if config.sim_scenario
                 else f"simulated {config.sim_gpus}-GPU node ({config.sim_profile}) with a tour of faults")
-        print(f"gpuwatch demo: {what}; scrape {' or '.join(urls)}; Ctrl-C stops.", file=sys.stderr, flush=True)
+        logs.say(f"gpuwatch demo: {what}; scrape {' or '.join(urls)}; Ctrl-C stops.")
         if sys.stdout.isatty():
             from gpuwatch.live import LogTail
 
@@ -350,12 +350,15 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
 
 
 def _reload(agent: Agent, reload: Callable[[], Config], log: Any) -> None:
+    hint = "the previous configuration stays in effect; fix the file and send SIGHUP again (systemctl reload gpuwatch)"
     try:
         new = reload()
         needs_restart = agent.reconfigure(new)
     except ConfigError as exc:
-        log.error("reload_failed", error=str(exc), hint="the previous configuration stays in effect; fix the file "
-                  "and send SIGHUP again (systemctl reload gpuwatch)")
+        log.error("reload_failed", error=str(exc), hint=hint)
+        return
+    except Exception as exc:  # a bug must not take the running daemon down: it keeps the old settings
+        log.error("reload_failed", error=f"{type(exc).__name__}: {exc}", hint=hint, exc_info=True)
         return
     log.info("reloaded", rules=sorted(new.rules))
     if needs_restart:
@@ -384,7 +387,7 @@ def _record(config: Config, output: str, duration: float | None) -> int:
         writer = TraceWriter(sys.stdout if output == "-" else output, clock, backend=inner.name,
                              fast_interval=config.poll_interval, slow_interval=config.poll_slow_interval)
     except OSError as exc:
-        print(f"gpuwatch: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        logs.say(f"gpuwatch: cannot write {output}: {exc.strerror or exc}")
         return 1
     recorder = Recorder(inner, writer, clock)
     agent = Agent(config, clock=clock, backend=recorder)
@@ -411,7 +414,7 @@ def _record(config: Config, output: str, duration: float | None) -> int:
         agent.stop()
         writer.close()
     if recorder.error is not None:
-        print(f"gpuwatch: recording stopped: {recorder.error}", file=sys.stderr)
+        logs.say(f"gpuwatch: recording stopped: {recorder.error}")
         return 1
     log.info("recorded", output=writer.name, records=writer.records, skipped=recorder.skipped,
              seconds=round(clock.monotonic() - writer.start, 1))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -23,12 +25,56 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
-from gpuwatch.logs import get_logger
+from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo, SlowSample
 from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
 EVENT_WAIT_SECONDS = 1.0
+CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
+
+
+class SteadyScheduler(BackgroundScheduler):
+    """APScheduler's BackgroundScheduler, immune to wall-clock steps.
+
+    APScheduler 3 keeps each job's next run time as a wall-clock datetime and compares it with
+    ``datetime.now()``; its waits themselves are monotonic (``threading.Event.wait``). So when NTP
+    steps the clock back by X seconds, every job would wait X seconds more (the polls stall, the
+    data goes stale, the watchdog restarts gpuwatch), and a step forward would make them all due at
+    once. Before each look at the jobs this scheduler measures wall minus monotonic time; when it
+    moved by more than ``CLOCK_STEP_SECONDS`` since the last look, the wall clock stepped, and
+    every job's next run time moves by the same step: the jobs keep their monotonic cadence, no
+    poll is skipped or repeated. Slow NTP slewing (parts per million) is below the threshold and
+    left to the wall-clock schedule, as APScheduler does.
+    """
+
+    def __init__(self, *args: Any, wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wall = wall
+        self._monotonic = monotonic
+        self._offset: float | None = None
+        self.steps: list[float] = []  # the steps seen, in seconds (newest last; for logs and tests)
+
+    def _process_jobs(self) -> float | None:
+        offset = self._wall() - self._monotonic()
+        if self._offset is not None and abs(offset - self._offset) > CLOCK_STEP_SECONDS:
+            self._shift(offset - self._offset)
+        self._offset = offset
+        return super()._process_jobs()  # type: ignore[no-any-return]
+
+    def _shift(self, seconds: float) -> None:
+        delta = timedelta(seconds=seconds)
+        with self._jobstores_lock:
+            for store in self._jobstores.values():
+                for job in store.get_all_jobs():
+                    if job.next_run_time is not None:
+                        job._modify(next_run_time=job.next_run_time + delta)
+                        store.update_job(job)
+        self.steps = self.steps[-9:] + [seconds]
+        get_logger(component="poller").warning(
+            "clock_step", seconds=round(seconds, 3),
+            hint="the wall clock jumped (NTP step, manual date change); polls keep their interval")
 
 
 class Poller:
@@ -62,6 +108,9 @@ class Poller:
         self._scheduler: BackgroundScheduler | None = None
         self._slow_due = True
         self._last_evaluated = float("-inf")
+        self._discovery_errors: list[str] = []  # counted with the poll that ran the discovery
+        # events that can repeat every poll or thousands of times a second (XID storms)
+        self._repeats = Repeats(self._log, monotonic=clock.monotonic)
 
     # -- lifecycle of the backend ------------------------------------------------------------
     @property
@@ -85,6 +134,13 @@ class Poller:
             except BackendUnavailable as exc:
                 self._mark_down(exc)
                 return False
+            except Exception as exc:  # a bug: down, retried with backoff, logged once per cause (not per poll)
+                self._mark_down(BackendUnavailable(
+                    "internal", f"{type(exc).__name__}: {exc}",
+                    "a gpuwatch bug: please report it with this log line; gpuwatch keeps retrying"), exc)
+                return False
+            self._discovery_errors.extend(driver.errors)
+            self._discovery_errors.extend(error for gpu in gpus for error in gpu.errors)
             self._store.set_gpus(gpus)
             up = len(gpus) > 0
             self._store.set_backend(up, None if up else "no GPUs visible", driver)
@@ -100,16 +156,20 @@ class Poller:
         finally:
             self._lifecycle.release()
 
-    def _mark_down(self, exc: BackendUnavailable) -> None:
+    def _mark_down(self, exc: BackendUnavailable, cause: BaseException | None = None) -> None:
         self._up = False
-        self._backend.close()
+        try:
+            self._backend.close()
+        except Exception:  # close() must not raise; if it does, the next open() starts over anyway
+            pass
         self._store.set_backend(False, exc.message)
         self._next_attempt = self._clock.monotonic() + self._backoff
         retry_in = self._backoff
         self._backoff = min(self._backoff * 2, MAX_BACKOFF_SECONDS)
         if exc.reason != self._last_down_reason:
             self._log.error("backend_down", reason=exc.reason, error=exc.message, hint=exc.hint,
-                            retry_in_seconds=round(retry_in, 1))
+                            retry_in_seconds=round(retry_in, 1),
+                            exc_info=(type(cause), cause, cause.__traceback__) if cause is not None else None)
             self._last_down_reason = exc.reason
         else:
             self._log.debug("backend_still_down", reason=exc.reason, retry_in_seconds=round(retry_in, 1))
@@ -150,6 +210,8 @@ class Poller:
             self._poll("slow")
         self._store.poll_started(tier)
         errors: list[str] = []
+        while self._discovery_errors:
+            errors.append(self._discovery_errors.pop())
         complete = True
         read = self._backend.read_fast if tier == "fast" else self._backend.read_slow
         # one snapshot per poll (not one per GPU): the identities of the GPUs to read, in index order
@@ -174,8 +236,8 @@ class Poller:
             except Exception as exc:  # a bug in a backend must not stop the other GPUs
                 complete = False
                 errors.append("internal")
-                self._log.error("poll_failed", tier=tier, uuid=uuid, gpu=self._index(uuid),
-                                error=f"{type(exc).__name__}: {exc}", exc_info=True)
+                self._repeats.log("error", "poll_failed", ("poll_failed", tier, uuid), tier=tier, uuid=uuid,
+                                  gpu=str(identity.index), error=f"{type(exc).__name__}: {exc}", exc_info=True)
                 continue
             if uuid in self._lost:
                 self._lost.discard(uuid)
@@ -193,8 +255,8 @@ class Poller:
         try:
             return self._attribute(identity, sample.processes)
         except Exception as exc:  # attribution is best effort: never lose the slow sample for it
-            self._log.error("attribution_failed", uuid=identity.uuid, gpu=str(identity.index),
-                            error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            self._repeats.log("error", "attribution_failed", ("attribution_failed", identity.uuid), uuid=identity.uuid,
+                              gpu=str(identity.index), error=f"{type(exc).__name__}: {exc}", exc_info=True)
             return ()
 
     def _index(self, uuid: str) -> str:
@@ -210,22 +272,33 @@ class Poller:
 
     # -- XID events ----------------------------------------------------------------------------
     def _events_loop(self) -> None:
+        """Until stopped, whatever happens: the store counts every event; the log gets the first few
+        lines per GPU and code, then a summary line per minute (Repeats)."""
         while not self._stop.is_set():
-            if not self._up:
-                self._stop.wait(EVENT_WAIT_SECONDS)
-                continue
             try:
-                events = self._backend.wait_events(EVENT_WAIT_SECONDS)
-            except BackendUnavailable:
+                self._events_once()
+            except Exception as exc:  # a bug: the thread must outlive it
+                self._repeats.log("error", "events_failed", ("events_failed",),
+                                  error=f"{type(exc).__name__}: {exc}", exc_info=True)
                 self._stop.wait(EVENT_WAIT_SECONDS)
-                continue
-            except Exception as exc:
-                self._log.error("events_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
-                self._stop.wait(EVENT_WAIT_SECONDS)
-                continue
+
+    def _events_once(self) -> None:
+        self._repeats.flush()
+        if not self._up:
+            self._stop.wait(EVENT_WAIT_SECONDS)
+            return
+        try:
+            events = self._backend.wait_events(EVENT_WAIT_SECONDS)
+        except BackendUnavailable:
+            self._stop.wait(EVENT_WAIT_SECONDS)
+            return
+        for event in events:
+            self._store.record_xid(event)
+        if events:
+            index = {g.identity.uuid: str(g.identity.index) for g in self._store.snapshot().gpus}
             for event in events:
-                self._store.record_xid(event)
-                self._log.warning("xid_event", uuid=event.uuid, gpu=self._index(event.uuid), xid=event.xid)
+                self._repeats.log("warning", "xid_event", ("xid_event", event.uuid, event.xid), uuid=event.uuid,
+                                  gpu=index.get(event.uuid, ""), xid=event.xid)
 
     # -- scheduling ----------------------------------------------------------------------------
     def _on_max_instances(self, event: JobExecutionEvent) -> None:
@@ -241,7 +314,7 @@ class Poller:
                               hint="an NVML call is not returning (wedged driver?); data goes stale until it does")
 
     def start(self) -> None:
-        scheduler = BackgroundScheduler(
+        scheduler = SteadyScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=4)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone="UTC",

@@ -173,3 +173,33 @@ def test_xid_events_become_counters_from_zero():
     assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="79") == 1
     assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="13") == 1
     assert value(text, "gpuwatch_xid_last_timestamp_seconds", gpu="0", uuid=uuid, xid="13") == 1_700_000_200.0
+
+
+def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():
+    """When wall minus monotonic time jumps (an NTP step), every next run time jumps with it, so the
+    jobs keep their monotonic cadence; drift under the threshold is left alone."""
+    from datetime import datetime, timezone
+
+    from gpuwatch.poller import SteadyScheduler
+
+    wall = [1_700_000_000.0]
+    mono = [100.0]
+    scheduler = SteadyScheduler(timezone="UTC", wall=lambda: wall[0], monotonic=lambda: mono[0])
+    due = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    scheduler.start(paused=True)  # jobs in the job store; paused: they never run here
+    scheduler.add_job(lambda: None, "interval", seconds=2, id="fast", next_run_time=due)
+
+    def next_run():
+        return scheduler.get_job("fast").next_run_time
+
+    scheduler._process_jobs()  # first look: nothing to compare with
+    wall[0] += 1.0
+    mono[0] += 1.2  # 0.2 s of drift: not a step
+    scheduler._process_jobs()
+    assert next_run() == due and scheduler.steps == []
+    wall[0] -= 300.0  # stepped back 5 minutes
+    mono[0] += 1.0
+    wall[0] += 1.0
+    scheduler._process_jobs()
+    assert round((next_run() - due).total_seconds(), 3) == -300.0 and scheduler.steps == [-300.0]
+    scheduler.shutdown(wait=False)

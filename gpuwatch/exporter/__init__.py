@@ -8,7 +8,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from gpuwatch import __version__
+from gpuwatch import __version__, logs
 from gpuwatch.clock import Clock
 from gpuwatch.exporter.collector import build_labels, freshness_key, render
 from gpuwatch.model import NodeSnapshot
@@ -40,12 +40,13 @@ class Exposition:
     def _gpuwatch(self, openmetrics: bool) -> str:
         snap = self._snapshot()
         now = self._clock.monotonic()
-        key = (snap.generation, freshness_key(snap, now, self._staleness))
+        dropped = logs.dropped_lines()
+        key = (snap.generation, freshness_key(snap, now, self._staleness), dropped)
         with self._lock:
             cached = self._cache.get(openmetrics)
         if cached is not None and cached[0] == key:
             return cached[1]
-        text = render(snap, now, self._staleness, self._build, self._max_processes).encode(openmetrics)
+        text = render(snap, now, self._staleness, self._build, self._max_processes, dropped).encode(openmetrics)
         with self._lock:
             self._cache[openmetrics] = (key, text)
         return text

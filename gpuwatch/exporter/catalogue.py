@@ -138,6 +138,9 @@ _SPECS = (
     Spec("gpuwatch_last_poll_timestamp_seconds", "gauge", ("tier",), "Unix time of the last completed poll of the tier."),
     Spec("gpuwatch_poll_errors_total", "counter", ("tier", "error"),
          "Failed NVML queries by NVML error name (lowercase), e.g. gpu_is_lost, timeout, unknown."),
+    Spec("gpuwatch_log_dropped_total", "counter", (),
+         "Log lines gpuwatch could not write (the reader of stderr is gone, the disk is full) or make; "
+         "everything else goes on."),
     Spec("gpuwatch_collector_success", "gauge", ("group",),
          "1 if the reading group's last read succeeded on every GPU it applies to, else 0; only enabled groups "
          "(node_exporter's node_scrape_collector_success)."),

@@ -128,10 +128,11 @@ def tier_fresh(tier: TierState, now: float, bound: float) -> bool:
 
 
 def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], build: LabelValues,
-           max_processes: int = 0) -> Samples:
+           max_processes: int = 0, log_dropped: int = 0) -> Samples:
     """The samples of one scrape; ``max_processes`` > 0 adds per-process series, at most that many."""
     out = Samples()
     out.add("gpuwatch_build_info", build, 1)
+    out.add("gpuwatch_log_dropped_total", (), log_dropped)
     out.add("gpuwatch_backend_up", (snap.backend,), snap.backend_up)
     out.add("gpuwatch_gpus", (), snap.visible_gpus)
     if snap.driver is not None:
