@@ -33,6 +33,7 @@ from gpuwatch.poller import Poller
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.sdnotify import Notifier
+from gpuwatch.status import verdict, where
 from gpuwatch.store import Store
 
 EX_CONFIG = 78
@@ -93,17 +94,16 @@ class Agent:
         self.exposition = build_exposition(self.store.snapshot, self.clock, config.staleness, max_processes=(
             config.collector_processes_max if config.collector_processes else 0))
         self.http: HttpServers | None = None
-        self.last_evaluated: float | None = None
 
     def evaluate_rules(self) -> None:
         anomalies = self.engine.evaluate(self.store.snapshot(), self.clock.monotonic(), self.clock.wall())
         self.store.set_anomalies(anomalies, *self.engine.counters())
-        self.last_evaluated = self.clock.monotonic()
 
     def alive(self) -> str | None:
         """None while gpuwatch itself works (scheduler and HTTP), else why not. GPUs do not count here."""
         bound = max(3 * self.config.poll_interval, 10.0)
-        if self.last_evaluated is None or self.clock.monotonic() - self.last_evaluated > bound:
+        last = self.poller.last_evaluated  # the scheduler's heartbeat: a rule that raises does not stop it
+        if last is None or self.clock.monotonic() - last > bound:
             return f"the scheduler has not run the rules for more than {bound:g} s"
         if self.http is not None and not self.http.alive():
             return "an HTTP listener thread died"
@@ -479,20 +479,15 @@ def _check_status(config: Config) -> tuple[int, dict[str, Any] | None]:
         print(f"gpuwatch: UNKNOWN: cannot read the daemon's status at {url}: {exc} "
               "(is gpuwatch running? `systemctl status gpuwatch`)")
         return 2, None
-    if not document["backend"]["up"]:
-        print(f"gpuwatch: UNKNOWN: backend {document['backend']['name']} down: {document['backend']['reason']}")
-        return 2, document
-    if not document["fresh"]:
-        age = document["polls"]["fast"]["age_seconds"]
-        print(f"gpuwatch: UNKNOWN: data is stale (last fast poll {age} s ago)")
-        return 2, document
-    problems = [a for a in document["anomalies"] if a["severity"] in ("critical", "warning")]
-    for a in problems:
-        where = f"GPU {a['gpu']} " if a["gpu"] is not None else ""
-        print(f"gpuwatch: {a['severity'].upper()}: {where}{a['rule']}: {a['summary']}")
-    if not problems:
+    v = verdict(document)
+    if v.status == "unknown":
+        print(f"gpuwatch: UNKNOWN: {v.detail}")
+        return v.exit_code, document
+    for a in v.critical + v.warnings:
+        print(f"gpuwatch: {a['severity'].upper()}: {where(a)}: {a['summary']}")
+    if v.status == "ok":
         print(f"gpuwatch: OK ({len(document['gpus'])} GPUs)")
-    return (1 if any(a["severity"] == "critical" for a in problems) else 0), document
+    return v.exit_code, document
 
 
 def _display_host(bound: str) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from gpuwatch.clock import Clock
-from gpuwatch.model import GpuState, NodeSnapshot, absolute_thresholds
+from gpuwatch.model import GpuState, NodeSnapshot, temperature_thresholds
 
 HEADER = f"{'GPU':>3}  {'TEMP':>6}  {'LIMIT':>6}  {'FAN':>5}  {'POWER':>7}  {'UTIL':>5}  {'SM CLOCK':>9}  STATE"
 
@@ -19,13 +19,13 @@ def _fmt(value: float | None, pattern: str, missing: str = "-") -> str:
 
 def gpu_line(gpu: GpuState, now: float, bound: float, anomalies: list[str] | None = None) -> str:
     index = gpu.identity.index
-    fast = gpu.fast if gpu.up and gpu.fast_monotonic is not None and now - gpu.fast_monotonic <= bound else None
+    fast = gpu.fresh_fast(now, bound)
     if fast is None:
         state = "LOST" if not gpu.up else "stale"
         if anomalies:
             state = "ANOMALY " + ",".join(anomalies) + " | " + state
         return f"{index:>3}  {'':>6}  {'':>6}  {'':>5}  {'':>7}  {'':>5}  {'':>9}  " + state
-    limits = absolute_thresholds(fast, gpu.slow)
+    limits = temperature_thresholds(fast, gpu.slow)
     fan = fast.fans[0].speed_ratio if fast.fans else None
     active = [r for r, on in fast.clocks_event_active.items() if on and r != "gpu_idle"]
     state = ",".join(active) if active else ("idle" if fast.clocks_event_active.get("gpu_idle") else "ok")

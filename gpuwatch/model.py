@@ -200,13 +200,21 @@ class XidEvent:
     timestamp: float  # wall-clock seconds
 
 
-def absolute_thresholds(fast: FastSample | None, slow: SlowSample | None) -> dict[str, float]:
-    """Temperature thresholds on the absolute (°C) scale.
+def fresh(taken: float | None, now: float, bound: float) -> bool:
+    """The one freshness test: something taken at monotonic time ``taken`` (a reading, a completed
+    poll) is fresh at ``now`` while it is at most ``bound`` seconds old (the staleness bound)."""
+    return taken is not None and now - taken <= bound
 
-    Taken from NVML's absolute thresholds where the driver gives them; otherwise derived from the
-    T.Limit scale: absolute = current temperature + margin - T.Limit threshold (an H200 at 28 °C
-    with margin 59 and slowdown T.Limit -2 slows down at 89 °C). The GPU margin says nothing
-    about the memory's own limit, so ``memory_max`` is never derived.
+
+def temperature_thresholds(fast: FastSample | None, slow: SlowSample | None) -> dict[str, float]:
+    """The temperature thresholds on the absolute (°C) scale: the one definition that the exporter
+    (gpuwatch_temperature_threshold_celsius), the rules, the live view and so the dashboards use.
+
+    Where the GPU reports its T.Limit margin and T.Limit thresholds (Hopper and newer; nvidia-smi then
+    prints only that scale), shutdown, slowdown and gpu_max are derived from them: absolute = current
+    temperature + margin - T.Limit threshold (an H200 at 28 °C with margin 59 and slowdown T.Limit -2
+    slows down at 89 °C), the scale the driver throttles by. Otherwise they are NVML's absolute
+    thresholds. ``memory_max`` is always NVML's own: the GPU's margin says nothing about the memory.
     """
     result: dict[str, float] = dict(slow.temperature_threshold_celsius) if slow else {}
     if slow is None or fast is None:
@@ -216,8 +224,19 @@ def absolute_thresholds(fast: FastSample | None, slow: SlowSample | None) -> dic
         return result
     for name, tlimit in slow.temperature_margin_threshold_celsius.items():
         if name != "memory_max":
-            result.setdefault(name, temp + margin - tlimit)
+            result[name] = temp + margin - tlimit
     return result
+
+
+def slowdown_headroom(fast: FastSample | None, slow: SlowSample | None) -> tuple[float | None, float | None]:
+    """(degrees left before the slowdown threshold, that threshold in °C), from temperature_thresholds;
+    (None, None) when either is unknown."""
+    if fast is None or fast.temperature_celsius is None:
+        return None, None
+    slowdown = temperature_thresholds(fast, slow).get("slowdown")
+    if slowdown is None:
+        return None, None
+    return slowdown - fast.temperature_celsius, slowdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +255,14 @@ class GpuState:
     workloads: tuple[ProcessInfo, ...] = ()  # attributed processes of the last slow poll
     visible: bool = True  # False: not in the last discovery (kept so that it shows up as down)
 
+    def fresh_fast(self, now: float, bound: float) -> FastSample | None:
+        """The fast sample, if the GPU is up and the sample fresh; else None."""
+        return self.fast if self.up and fresh(self.fast_monotonic, now, bound) else None
+
+    def fresh_slow(self, now: float, bound: float) -> SlowSample | None:
+        """The slow sample, if the GPU is up and the sample fresh; else None."""
+        return self.slow if self.up and fresh(self.slow_monotonic, now, bound) else None
+
 
 @dataclass(frozen=True, slots=True)
 class TierState:
@@ -247,6 +274,14 @@ class TierState:
     last_completed_monotonic: float | None = None
     errors_total: Mapping[str, int] = field(default_factory=dict)
     in_flight_since: float | None = None  # monotonic start of a poll still running
+
+    def completed_within(self, now: float, bound: float) -> bool:
+        """A poll of the tier completed within the staleness bound (whether every GPU answered or not)."""
+        return fresh(self.last_completed_monotonic, now, bound)
+
+    def succeeded_within(self, now: float, bound: float) -> bool:
+        """The last poll completed for every visible GPU, within the staleness bound (gpuwatch_poll_success)."""
+        return self.success and self.completed_within(now, bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +301,21 @@ class NodeSnapshot:
     anomalies: tuple["Anomaly", ...] = ()
     rule_onsets: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> onsets on any GPU or the node
     rule_errors: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> evaluations that raised
+
+    def collecting(self, now: float, fast_bound: float) -> tuple[bool, str]:
+        """Whether gpuwatch collects: the backend is up and a fast poll completed within the staleness
+        bound, with a one-line reason. This is liveness (/healthz, the status document's ``fresh``,
+        `gpuwatch check`): a lost GPU does not make it false (gpuwatch_gpu_up 0 and the gpu_lost rule
+        say so), or a liveness probe would restart gpuwatch whenever a GPU falls off the bus."""
+        if not self.backend_up:
+            return False, f"backend {self.backend} down: {self.backend_reason or 'unknown reason'}"
+        tier = self.tiers["fast"]
+        if tier.last_completed_monotonic is None:
+            return False, "no fast poll completed yet"
+        age = now - tier.last_completed_monotonic
+        if not tier.completed_within(now, fast_bound):
+            return False, f"last fast poll completed {age:.1f} s ago (staleness bound {fast_bound:g} s)"
+        return True, f"ok: {self.visible_gpus} GPUs, last fast poll {age:.1f} s ago"
 
 
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")

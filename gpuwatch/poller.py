@@ -185,6 +185,11 @@ class Poller:
         self._poll("fast")
         self.evaluate()
 
+    @property
+    def last_evaluated(self) -> float | None:
+        """Monotonic time the scheduler last ran the rules (whether every rule succeeded or not)."""
+        return None if self._last_evaluated == float("-inf") else self._last_evaluated
+
     def evaluate(self) -> None:
         """Run the rules: after every fast poll, and on their own timer so that they run while a poll hangs."""
         if self._evaluate is None:

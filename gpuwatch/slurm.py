@@ -8,8 +8,8 @@ prefix, and never drains over someone else's drain (or a DOWN node).
 
 Two parts:
 
-- pure functions — :func:`verdict` (status document -> ok/critical/unknown, the same verdict as
-  `gpuwatch check`'s exit code), :func:`next_healthy_since`, :func:`intended` and :func:`decide` (the
+- pure functions over the check's verdict (``gpuwatch.status.verdict``, the one definition that
+  `gpuwatch check`'s exit code also follows) — :func:`next_healthy_since`, :func:`intended` and :func:`decide` (the
   decision table), :func:`parse_show_node` and :func:`drain_reason`;
 - :func:`enforce`, a thin runner: reads the node's state with ``scontrol show node NAME`` (the
   binary found on PATH, a total time budget for all scontrol calls), runs ``scontrol update`` with an
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwatch import logs
+from gpuwatch.status import Verdict, verdict
 
 PREFIX = "gpuwatch:"
 REASON_MAX = 128
@@ -83,41 +84,6 @@ class Settings:
     state_file: str | None = DEFAULT_STATE_FILE  # None: remember nothing (no resume, no rate limit across runs)
     scontrol: str = "scontrol"  # looked up on PATH
     timeout: float = DEFAULT_SCONTROL_TIMEOUT
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """What `gpuwatch check` concluded: status ok (healthy, warnings included), critical or unknown."""
-
-    status: str
-    exit_code: int
-    reason: str = ""  # the drain reason, for critical
-    detail: str = ""  # one line: why unknown, or the critical anomalies
-
-    @property
-    def healthy(self) -> bool:
-        return self.status == "ok"
-
-
-def verdict(document: Mapping[str, Any] | None) -> Verdict:
-    """The check's verdict from the /api/v1/status document (None: the daemon could not be read).
-
-    Same rules as `gpuwatch check` (docs/status-api.md): 2 unknown when the daemon does not answer,
-    its backend is down or its data is stale; 1 critical when a critical anomaly fires; else 0.
-    """
-    if document is None:
-        return Verdict("unknown", 2, detail="the daemon's status could not be read")
-    backend = document.get("backend") or {}
-    if not backend.get("up", False):
-        return Verdict("unknown", 2, detail=f"backend {backend.get('name')} down: {backend.get('reason')}")
-    if not document.get("fresh", False):
-        return Verdict("unknown", 2, detail="the daemon's data is stale")
-    critical = [a for a in document.get("anomalies") or () if a.get("severity") == "critical"]
-    if not critical:
-        return Verdict("ok", 0)
-    details = "; ".join(f"{'GPU ' + str(a['gpu']) + ' ' if a.get('gpu') is not None else ''}{a.get('rule')}"
-                        for a in critical)
-    return Verdict("critical", 1, reason=drain_reason(critical), detail=details)
 
 
 def sanitize(text: str) -> str:
@@ -239,7 +205,7 @@ def decide(document_or_verdict: Mapping[str, Any] | Verdict | None, node: NodeSt
         if node.drained:
             who = "already_drained_by_gpuwatch" if node.ours else "already_drained_by_other"
             return Action(NONE, who, current, f"node is already {node.state} (Reason={current or 'none'})")
-        action = Action(DRAIN, DRAIN, v.reason, v.detail)
+        action = Action(DRAIN, DRAIN, drain_reason(list(v.critical)), v.detail)
     else:
         if not node.drained:
             return Action(NONE, "not_drained", current, f"healthy and node is {node.state}")
@@ -394,7 +360,7 @@ def enforce(document: Mapping[str, Any] | None, settings: Settings, now: float |
     except ScontrolError as exc:
         action = None
         lines.append(f"gpuwatch: ERROR: cannot read the Slurm state of node {settings.node}: {exc}")
-        log.error("slurm_action_failed", **ctx, action=want, reason=v.reason if want == DRAIN else "",
+        log.error("slurm_action_failed", **ctx, action=want, reason=drain_reason(list(v.critical)) if want == DRAIN else "",
                   error=str(exc), hint="the node was not changed; the next run tries again")
     if action is not None:
         node_state = None if node is None else node.state

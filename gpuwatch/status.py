@@ -5,7 +5,8 @@ Documented in docs/status-api.md. Built from a snapshot only: no backend call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwatch.model import SEVERITIES, Anomaly, NodeSnapshot
@@ -20,18 +21,13 @@ def _anomaly(a: Anomaly) -> dict[str, Any]:
     }
 
 
-def fresh(snap: NodeSnapshot, now: float, fast_bound: float) -> bool:
-    tier = snap.tiers["fast"]
-    return tier.last_completed_monotonic is not None and now - tier.last_completed_monotonic <= fast_bound
-
-
 def status_document(snap: NodeSnapshot, now: float, staleness: Callable[[str], float]) -> dict[str, Any]:
     fast_bound = staleness("fast")
     order = {s: i for i, s in enumerate(SEVERITIES)}
     firing = sorted((a for a in snap.anomalies if a.firing),
                     key=lambda a: (order.get(a.severity, 9), a.rule, int(a.gpu) if a.gpu else -1))
-    is_fresh = fresh(snap, now, fast_bound)
-    if not snap.backend_up or not is_fresh:
+    is_fresh, _ = snap.collecting(now, fast_bound)
+    if not is_fresh:
         status = "unknown"
     elif any(a.severity == "critical" for a in firing):
         status = "critical"
@@ -54,8 +50,7 @@ def status_document(snap: NodeSnapshot, now: float, staleness: Callable[[str], f
             by_gpu.setdefault(a.uuid, []).append(a.rule)
     gpus = []
     for state in snap.gpus:
-        sample = state.fast if state.up and state.fast_monotonic is not None and \
-            now - state.fast_monotonic <= fast_bound else None
+        sample = state.fresh_fast(now, fast_bound)
         gpus.append({
             "gpu": str(state.identity.index),
             "uuid": state.identity.uuid,
@@ -67,6 +62,13 @@ def status_document(snap: NodeSnapshot, now: float, staleness: Callable[[str], f
             "utilization_ratio": None if sample is None else sample.utilization_ratio.get("gpu"),
             "anomalies": by_gpu.get(state.identity.uuid, []),
         })
+    rules: dict[str, dict[str, Any]] = {}
+    for a in snap.anomalies:  # every evaluated (rule, GPU) and node rule, firing or not
+        entry = rules.setdefault(a.rule, {"rule": a.rule, "severity": a.severity, "evaluated": 0, "firing": 0,
+                                          "onsets": snap.rule_onsets.get(a.rule, 0),
+                                          "errors": snap.rule_errors.get(a.rule, 0)})
+        entry["evaluated"] += 1
+        entry["firing"] += a.firing
     return {
         "api_version": API_VERSION,
         "status": status,
@@ -79,4 +81,49 @@ def status_document(snap: NodeSnapshot, now: float, staleness: Callable[[str], f
         "polls": polls,
         "gpus": gpus,
         "anomalies": [_anomaly(a) for a in firing],
+        "rules": sorted(rules.values(), key=lambda r: r["rule"]),
     }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a reader of the status document concludes: `gpuwatch check` (its exit code and lines) and
+    the Slurm drain/resume logic both take it from here, and both from the daemon's own ``status``."""
+
+    status: str  # ok | warning | critical | unknown
+    exit_code: int  # gpuwatch check: 0 ok or warning, 1 critical, 2 unknown
+    detail: str = ""  # unknown: why; critical: the critical anomalies in one line
+    critical: tuple[Mapping[str, Any], ...] = ()  # the firing anomalies, as in the document
+    warnings: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        """No critical anomaly and the state is known (warnings do not count)."""
+        return self.status in ("ok", "warning")
+
+
+def where(anomaly: Mapping[str, Any]) -> str:
+    """"GPU 3 xid_critical" or "backend_down" for a node-level anomaly."""
+    gpu = anomaly.get("gpu")
+    return f"GPU {gpu} {anomaly.get('rule')}" if gpu is not None else str(anomaly.get("rule"))
+
+
+def verdict(document: Mapping[str, Any] | None) -> Verdict:
+    """The verdict on a status document (None: the daemon could not be read): unknown (exit 2) when
+    the daemon does not answer, its backend is down or its data is stale; critical (exit 1) when a
+    critical anomaly fires; else ok or warning (exit 0). docs/status-api.md."""
+    if document is None:
+        return Verdict("unknown", 2, detail="the daemon's status could not be read")
+    status = document.get("status")
+    if status not in ("ok", "warning", "critical"):
+        backend = document.get("backend") or {}
+        if not backend.get("up", False):
+            return Verdict("unknown", 2, detail=f"backend {backend.get('name')} down: {backend.get('reason')}")
+        age = ((document.get("polls") or {}).get("fast") or {}).get("age_seconds")
+        return Verdict("unknown", 2, detail=f"data is stale (last fast poll {age} s ago)")
+    anomalies = document.get("anomalies") or ()
+    critical = tuple(a for a in anomalies if a.get("severity") == "critical")
+    warnings = tuple(a for a in anomalies if a.get("severity") == "warning")
+    if critical:
+        return Verdict("critical", 1, "; ".join(where(a) for a in critical), critical, warnings)
+    return Verdict("warning" if warnings else "ok", 0, "", critical, warnings)

@@ -78,6 +78,24 @@ def test_absolute_thresholds_from_the_driver_win():
     assert absolute == {"shutdown": 101.0, "slowdown": 96.0, "gpu_max": 90.0}
 
 
+def test_on_a_gpu_with_both_scales_the_exported_slowdown_is_the_one_the_rules_use():
+    """One definition of the thresholds: with NVML's absolute slowdown (95) and the T.Limit margin both
+    reported, the exported threshold, the rules' headroom and the live view's limit agree (the margin's)."""
+    from gpuwatch.live import gpu_line
+    from gpuwatch.model import GpuState, slowdown_headroom
+
+    features = {f: True for f in FEATURES}
+    fast = fast_sample()
+    slow = slow_sample(temperature_threshold_celsius={"shutdown": 100.0, "slowdown": 95.0, "memory_max": 95.0})
+    exported = {dict(k[1])["threshold"]: v for k, v in series(node(features, fast, slow)).items()
+                if k[0] == "gpuwatch_temperature_threshold_celsius"}
+    headroom, slowdown = slowdown_headroom(fast, slow)
+    assert exported == {"shutdown": 95.0, "slowdown": 89.0, "gpu_max": 87.0, "memory_max": 95.0}
+    assert slowdown == exported["slowdown"] and headroom == slowdown - fast.temperature_celsius
+    line = gpu_line(GpuState(identity(0), features, True, fast, 1000.0, slow, 1000.0), 1000.0, 6.0)
+    assert f"{slowdown:.0f}" in line.split()[2]
+
+
 def test_every_family_is_in_the_catalogue_with_its_labels_and_order_is_stable():
     features = {f: True for f in FEATURES}
     text = node(features, fast_sample(fans=(fan(0),)), slow_sample())

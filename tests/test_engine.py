@@ -172,3 +172,42 @@ def test_slow_history_is_kept_for_the_pcie_look_back_beyond_the_window():
                          slow=slow_sample(pcie_replays=500 + 5 * i), slow_monotonic=t)
         (anomaly,) = engine.evaluate(NodeSnapshot(i, "scripted", True, None, None, (state,), {}, 1, t, 1.7e9 + t))
     assert anomaly.value == pytest.approx(10.0) and "over the last 5 min" in anomaly.summary
+
+
+def test_a_rule_that_raises_fails_alone_and_the_watchdog_stays_fed(capsys):
+    """overheating raises on every GPU (a bug on an odd reading): it is logged once per GPU as
+    rule_failed, counted per evaluation, its state stays as it was; every other rule is evaluated
+    on every GPU, an anomaly of another rule still fires, and Agent.alive() (the watchdog) is fine."""
+    import dataclasses
+
+    from gpuwatch.cli import Agent
+    from gpuwatch.config import Config
+    from gpuwatch.testing import ScriptedBackend
+
+    clock = FakeClock()
+    backend = ScriptedBackend(gpus=2)
+    hot = backend.gpus[1].identity.uuid
+    backend.slow[hot] = slow_sample(ecc_errors={("uncorrected", "volatile"): 3, ("uncorrected", "aggregate"): 3,
+                                                 ("corrected", "volatile"): 0, ("corrected", "aggregate"): 0})
+    agent = Agent(Config(), clock=clock, backend=backend)
+
+    def broken(window, uuid, config):
+        raise ZeroDivisionError("division by zero")
+
+    engine = agent.engine
+    engine._rules = [dataclasses.replace(r, evaluate=broken) if r.id == "overheating" else r for r in engine.rules]
+    for _ in range(5):
+        clock.advance(2)
+        agent.poller.poll_fast()
+    snap = agent.store.snapshot()
+    evaluated = {(a.rule, a.uuid) for a in snap.anomalies}
+    assert ("overheating", hot) in evaluated  # still listed, never firing
+    assert {r for r, _ in evaluated} == {r.id for r in engine.rules if r.scope == "node"
+                                         or any(r.applies(g) for g in snap.gpus)}
+    assert [a.rule for a in snap.anomalies if a.firing] == ["ecc_uncorrectable"]
+    assert snap.rule_errors["overheating"] == 10 and snap.rule_errors["thermal_runaway"] == 0
+    failed = [e for e in events(capsys) if e["event"] == "rule_failed"]
+    assert sorted(e["gpu"] for e in failed) == ["0", "1"] and "ZeroDivisionError" in failed[0]["error"]
+    assert agent.alive() is None
+    text = agent.exposition.render().decode()
+    assert 'gpuwatch_rule_evaluation_errors_total{rule="overheating"} 10.0' in text

@@ -4,6 +4,7 @@ Each test writes the fake node's state file, starts `gpuwatch run`, and rewrites
 while it runs to inject faults.
 """
 
+import json
 import pytest
 
 import fakenvml
@@ -91,6 +92,11 @@ def test_one_gpu_lost_and_back(start):
     wait_for(lambda: (d.value("gpuwatch_poll_errors_total", tier="fast", error="gpu_is_lost") or 0) >= 2)
     lost_events = [e for e in d.events() if e["event"] == "gpu_lost"]
     assert len(lost_events) == 1 and lost_events[0]["uuid"] == node.gpus[2].uuid and lost_events[0]["gpu"] == "2"
+    # liveness is about collection: a lost GPU must not make a liveness probe restart gpuwatch
+    status, body = d.get("/healthz")
+    assert status == 200 and body.startswith("ok: 4 GPUs"), body
+    status, body = d.get("/api/v1/status")
+    assert json.loads(body)["fresh"] is True
     node.gpus[2].lost = False
     d.fx.write(node)
     d.wait_value("gpuwatch_gpu_up", 1, **labels(node, 2))

@@ -24,7 +24,8 @@ from gpuwatch.rules import all_rules
 from gpuwatch.rules.base import Window
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.rules.health import CRITICAL_XIDS
-from gpuwatch.rules.thermal import project_seconds_to, slowdown_headroom
+from gpuwatch.model import slowdown_headroom
+from gpuwatch.rules.thermal import project_seconds_to
 from gpuwatch.testing import H200_FEATURES, fan, fast_sample, identity, slow_sample
 
 NOW = 5000.0

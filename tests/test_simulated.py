@@ -25,7 +25,7 @@ from gpuwatch.model import (
     THRESHOLDS,
     FastSample,
     SlowSample,
-    absolute_thresholds,
+    temperature_thresholds,
 )
 
 WALL0 = 1_700_000_000.0
@@ -259,7 +259,7 @@ def test_h200_has_no_fans_and_reports_the_t_limit_scale():
     assert slow.pcie_link_generation == {"current": 5, "max": 5}
     assert fast.memory_total_bytes == 143771 * 1024**2
     assert 45 <= fast.temperature_celsius <= 60  # 52 °C at 628 W in the capture
-    assert absolute_thresholds(fast, slow) == {"shutdown": 95.0, "slowdown": 89.0, "gpu_max": 87.0}
+    assert temperature_thresholds(fast, slow) == {"shutdown": 95.0, "slowdown": 89.0, "gpu_max": 87.0}
 
 
 def test_h200_idles_like_the_capture():
@@ -387,7 +387,7 @@ def test_fan_stall_signature():
 
 
 def _absolute(backend, uuid, fast):
-    return absolute_thresholds(fast, backend.read_slow(uuid))
+    return temperature_thresholds(fast, backend.read_slow(uuid))
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))

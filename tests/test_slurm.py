@@ -21,7 +21,8 @@ from structlog.testing import capture_logs
 import fakenvml
 from daemon import Daemon, fake_env, wait_for
 from gpuwatch import slurm
-from gpuwatch.slurm import Action, NodeState, Settings, Verdict, decide
+from gpuwatch.slurm import Action, NodeState, Settings, decide
+from gpuwatch.status import verdict
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 NODE = "gpu01"
@@ -30,8 +31,11 @@ SETTINGS = Settings(node=NODE, drain=True, resume=True, resume_after=600, min_in
 
 
 def document(*anomalies, up=True, fresh=True):
+    severities = {a["severity"] for a in anomalies}
+    status = ("unknown" if not (up and fresh) else "critical" if "critical" in severities
+              else "warning" if "warning" in severities else "ok")  # as the daemon computes it
     return {
-        "api_version": 1, "status": "ok", "generated_at": T0, "fresh": fresh,
+        "api_version": 1, "status": status, "generated_at": T0, "fresh": fresh,
         "backend": {"name": "nvml", "up": up, "reason": None if up else "NVML: Driver Not Loaded"},
         "gpus": [{"gpu": "0"}, {"gpu": "1"}], "anomalies": list(anomalies),
         "polls": {"fast": {"age_seconds": 0.5 if fresh else 45.0}},
@@ -91,18 +95,19 @@ def test_healthy_for_less_than_resume_after_does_nothing():
     assert (action.action, action.decision) == ("none", "healthy_too_short")
     # the node's state is not even needed for that answer
     assert decide(HEALTHY, None, T0 - 599, None, T0, SETTINGS).decision == "healthy_too_short"
-    assert slurm.intended(slurm.verdict(HEALTHY), T0 - 599, T0, SETTINGS) == "none"
+    assert slurm.intended(verdict(HEALTHY), T0 - 599, T0, SETTINGS) == "none"
 
 
 def test_healthy_for_resume_after_resumes_a_node_gpuwatch_drained():
     action = decide(HEALTHY, OURS, T0 - 600, None, T0, SETTINGS)
     assert (action.action, action.reason) == ("resume", OURS.reason)
-    assert slurm.intended(slurm.verdict(HEALTHY), T0 - 600, T0, SETTINGS) == "resume"
+    assert slurm.intended(verdict(HEALTHY), T0 - 600, T0, SETTINGS) == "resume"
 
 
 def test_warnings_count_as_healthy():
     doc = document(anomaly("pcie_link_degraded", severity="warning"), anomaly("power_capped", severity="info"))
-    assert slurm.verdict(doc) == Verdict("ok", 0)
+    v = verdict(doc)
+    assert (v.status, v.exit_code, v.healthy, v.critical) == ("warning", 0, True, ())
     assert decide(doc, OURS, T0 - 600, None, T0, SETTINGS).action == "resume"
 
 
@@ -123,7 +128,7 @@ def test_healthy_node_not_drained_needs_nothing():
 @pytest.mark.parametrize("doc", [None, document(anomaly(), up=False), document(anomaly(), fresh=False)],
                          ids=["daemon-down", "backend-down", "stale"])
 def test_cannot_tell_never_drains_nor_resumes(doc):
-    v = slurm.verdict(doc)
+    v = verdict(doc)
     assert (v.status, v.exit_code) == ("unknown", 2)
     for node in (IDLE, OURS, OPERATOR):
         action = decide(doc, node, T0 - 86400, None, T0, SETTINGS)
@@ -158,7 +163,7 @@ def test_decide_needs_the_node_state_when_an_action_is_possible():
 
 
 def test_healthy_since_starts_at_the_first_healthy_check_and_is_forgotten_otherwise():
-    ok, critical, unknown = slurm.verdict(HEALTHY), slurm.verdict(CRITICAL), slurm.verdict(None)
+    ok, critical, unknown = verdict(HEALTHY), verdict(CRITICAL), verdict(None)
     assert slurm.next_healthy_since(ok, None, T0) == T0
     assert slurm.next_healthy_since(ok, T0 - 50, T0) == T0 - 50
     assert slurm.next_healthy_since(ok, T0 + 50, T0) == T0  # the clock went back
@@ -167,10 +172,10 @@ def test_healthy_since_starts_at_the_first_healthy_check_and_is_forgotten_otherw
 
 
 def test_verdict_agrees_with_the_documented_exit_codes():
-    assert slurm.verdict(HEALTHY).exit_code == 0
-    assert slurm.verdict(CRITICAL).exit_code == 1
-    assert slurm.verdict(document(anomaly(severity="warning"), anomaly(rule="gpu_lost", gpu="0"))).exit_code == 1
-    assert slurm.verdict(None).exit_code == 2
+    assert verdict(HEALTHY).exit_code == 0
+    assert verdict(CRITICAL).exit_code == 1
+    assert verdict(document(anomaly(severity="warning"), anomaly(rule="gpu_lost", gpu="0"))).exit_code == 1
+    assert verdict(None).exit_code == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,16 +186,16 @@ def test_the_reason_names_the_first_critical_anomaly_and_counts_the_others():
     doc = document(anomaly("xid_critical", "3", summary="GPU 3 XID 79 (fell off the bus) 0 min ago, 1 since start"),
                    anomaly("gpu_lost", "3", summary="GPU 3 (GPU-3) not answering"),
                    anomaly("pcie_link_degraded", "2", severity="warning"))
-    assert slurm.verdict(doc).reason == "gpuwatch: GPU 3 xid_critical: XID 79 (fell off the bus) 0 min ago, " \
+    assert slurm.drain_reason(list(verdict(doc).critical)) == "gpuwatch: GPU 3 xid_critical: XID 79 (fell off the bus) 0 min ago, " \
                                         "1 since start (+1 more)"
     node_level = document(anomaly("gpu_missing", None, summary="3 GPUs visible, 4 expected"))
-    assert slurm.verdict(node_level).reason == "gpuwatch: gpu_missing: 3 GPUs visible, 4 expected"
+    assert slurm.drain_reason(list(verdict(node_level).critical)) == "gpuwatch: gpu_missing: 3 GPUs visible, 4 expected"
 
 
 def test_the_reason_is_truncated_and_has_nothing_that_breaks_scontrol():
     hostile = 'GPU 1 at 91 °C "quoted" \'single\' [bracket] $(rm -rf /) `x` \\ ; a|b & c\nsecond line\ttab ' * 5
     doc = document(anomaly("overheating", "1", summary=hostile), anomaly("fan_stalled", "1"))
-    reason = slurm.verdict(doc).reason
+    reason = slurm.drain_reason(list(verdict(doc).critical))
     assert reason.startswith("gpuwatch: GPU 1 overheating: at 91 C quoted single bracket")
     assert reason.endswith("... (+1 more)")
     assert len(reason) <= slurm.REASON_MAX

@@ -18,7 +18,7 @@ from prometheus_client.utils import floatToGoString
 from gpuwatch import __version__
 from gpuwatch.clock import Clock
 from gpuwatch.exporter.catalogue import CATALOGUE
-from gpuwatch.model import FEATURES, GpuState, NodeSnapshot, TierState, absolute_thresholds
+from gpuwatch.model import FEATURES, GpuState, NodeSnapshot, fresh, temperature_thresholds
 
 LabelValues = tuple[str, ...]
 
@@ -96,12 +96,8 @@ def build_labels() -> LabelValues:
 def freshness_key(snap: NodeSnapshot, now: float, staleness: Callable[[str], float]) -> tuple:
     """What, besides the snapshot itself, decides the exposition: which readings are still fresh."""
     fast_bound, slow_bound = staleness("fast"), staleness("slow")
-    tiers = tuple(tier_fresh(tier, now, staleness(name)) for name, tier in snap.tiers.items())
-    gpus = tuple(
-        (g.fast_monotonic is not None and now - g.fast_monotonic <= fast_bound,
-         g.slow_monotonic is not None and now - g.slow_monotonic <= slow_bound)
-        for g in snap.gpus
-    )
+    tiers = tuple(tier.succeeded_within(now, staleness(name)) for name, tier in snap.tiers.items())
+    gpus = tuple((fresh(g.fast_monotonic, now, fast_bound), fresh(g.slow_monotonic, now, slow_bound)) for g in snap.gpus)
     return tiers, gpus
 
 
@@ -122,11 +118,6 @@ class GpuwatchCollector(Collector):
         return render(self._snapshot(), self._clock.monotonic(), self._staleness, self._build).families()
 
 
-def tier_fresh(tier: TierState, now: float, bound: float) -> bool:
-    last = tier.last_completed_monotonic
-    return tier.success and last is not None and now - last <= bound
-
-
 def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], build: LabelValues,
            max_processes: int = 0, log_dropped: int = 0) -> Samples:
     """The samples of one scrape; ``max_processes`` > 0 adds per-process series, at most that many."""
@@ -140,7 +131,7 @@ def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], bu
         out.add("gpuwatch_driver_info", (d.driver_version, d.nvml_version, d.cuda_driver_version), 1)
     for tier_name, tier in snap.tiers.items():
         t = (tier_name,)
-        out.add("gpuwatch_poll_success", t, tier_fresh(tier, now, staleness(tier_name)))
+        out.add("gpuwatch_poll_success", t, tier.succeeded_within(now, staleness(tier_name)))
         out.add("gpuwatch_poll_duration_seconds", t, tier.duration_seconds)
         out.add("gpuwatch_last_poll_timestamp_seconds", t, tier.last_completed_wall)
         for error, count in tier.errors_total.items():
@@ -149,7 +140,7 @@ def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], bu
     budget = max_processes
     for gpu in snap.gpus:
         _render_gpu(out, gpu, now, fast_bound, slow_bound)
-        if gpu.up and gpu.slow_monotonic is not None and now - gpu.slow_monotonic <= slow_bound:
+        if gpu.fresh_slow(now, slow_bound) is not None:
             budget = _render_workloads(out, gpu, budget)
     for anomaly in snap.anomalies:
         if not anomaly.firing:  # sparse, like ALERTS: quiet rules have no series (contract v2)
@@ -206,8 +197,8 @@ def _render_gpu(out: Samples, gpu: GpuState, now: float, fast_bound: float, slow
         out.add("gpuwatch_xid_last_timestamp_seconds", g + (str(xid),), ts)
     if not gpu.up:
         return
-    fast = gpu.fast if gpu.fast_monotonic is not None and now - gpu.fast_monotonic <= fast_bound else None
-    slow = gpu.slow if gpu.slow_monotonic is not None and now - gpu.slow_monotonic <= slow_bound else None
+    fast = gpu.fresh_fast(now, fast_bound)
+    slow = gpu.fresh_slow(now, slow_bound)
     if fast is not None:
         out.add("gpuwatch_temperature_celsius", g + ("gpu",), fast.temperature_celsius)
         out.add("gpuwatch_temperature_celsius", g + ("memory",), fast.memory_temperature_celsius)
@@ -233,7 +224,7 @@ def _render_gpu(out: Samples, gpu: GpuState, now: float, fast_bound: float, slow
         for reason, seconds in fast.clocks_event_seconds.items():
             out.add("gpuwatch_clocks_event_seconds_total", g + (reason,), seconds)
     if slow is not None:
-        for name, celsius in absolute_thresholds(fast, slow).items():
+        for name, celsius in temperature_thresholds(fast, slow).items():
             out.add("gpuwatch_temperature_threshold_celsius", g + (name,), celsius)
         for name, celsius in slow.temperature_margin_threshold_celsius.items():
             out.add("gpuwatch_temperature_margin_threshold_celsius", g + (name,), celsius)

@@ -30,7 +30,6 @@ from prometheus_client.exposition import choose_encoder
 from gpuwatch import __version__, logs
 from gpuwatch.config import parse_listen_address
 from gpuwatch.exporter import Exposition
-from gpuwatch.exporter.collector import tier_fresh
 from gpuwatch.model import NodeSnapshot
 from gpuwatch.status import status_document
 from gpuwatch.webconfig import REALM, Authenticator, WebConfig, WebConfigSource
@@ -38,21 +37,6 @@ from gpuwatch.webconfig import REALM, Authenticator, WebConfig, WebConfigSource
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 STATUS_PATH = "/api/v1/status"
-
-
-def health(snap: NodeSnapshot, now: float, fast_bound: float) -> tuple[bool, str]:
-    """(healthy, one-line reason): healthy while the backend is up and the last fast poll is fresh."""
-    if not snap.backend_up:
-        return False, f"backend {snap.backend} down: {snap.backend_reason or 'unknown reason'}"
-    tier = snap.tiers["fast"]
-    if tier.last_completed_monotonic is None:
-        return False, "no fast poll completed yet"
-    age = now - tier.last_completed_monotonic
-    if not tier_fresh(tier, now, fast_bound):
-        if age > fast_bound:
-            return False, f"last fast poll completed {age:.1f} s ago (staleness bound {fast_bound:g} s)"
-        return False, "last fast poll failed for at least one GPU"
-    return True, f"ok: {snap.visible_gpus} GPUs, last fast poll {age:.1f} s ago"
 
 
 LANDING = """<!DOCTYPE html>
@@ -88,7 +72,7 @@ class App:
         if path == self._path:
             return self._metrics(environ, start_response, method)
         if path == "/healthz":
-            ok, reason = health(self._snapshot(), self._monotonic(), self._fast_bound)
+            ok, reason = self._snapshot().collecting(self._monotonic(), self._fast_bound)
             return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n",
                           head=method == "HEAD")
         if path == STATUS_PATH:

@@ -225,9 +225,9 @@ class Window:
             fresh = self._fresh = {}
             now, staleness = self._now, self.fast_staleness
             for uuid, state in self._by_uuid.items():
-                if (state.up and state.fast is not None and state.fast_monotonic is not None
-                        and not now - state.fast_monotonic > staleness):
-                    fresh[uuid] = state.fast
+                sample = state.fresh_fast(now, staleness)
+                if sample is not None:
+                    fresh[uuid] = sample
         return fresh
 
     def fast(self, uuid: str) -> FastSample | None:

@@ -163,6 +163,7 @@ class Engine:
         self._targets: dict[str, list[int] | None] = {}
         self._onsets: dict[str, int] = {}  # rule id -> onsets on any GPU or the node
         self._errors: dict[str, int] = {}  # rule id -> evaluations that raised
+        self._failed_logged: set[tuple[str, str | None]] = set()
         self._log = get_logger(component="rules")
         self._lock = threading.Lock()
 
@@ -240,16 +241,42 @@ class Engine:
             if not config.enabled:
                 continue
             if rule.scope == "node":
-                result.append(step(rule, config, None, None, rule.evaluate(window, config), now, wall))
+                try:
+                    obs = rule.evaluate(window, config)
+                except Exception as exc:
+                    obs = self._failed(rule, None, None, exc)
+                result.append(step(rule, config, None, None, obs, now, wall))
                 continue
             evaluate = rule.evaluate
             targets = plan[rule.id]
             if targets is None:  # an ``applies`` that may look at more than the features: ask every time
-                targets = [i for i, state in enumerate(gpus) if rule.applies(state)]
+                targets = [i for i, state in enumerate(gpus) if self._applies(rule, state)]
             for i in targets:
                 uuid = gpus[i].identity.uuid
-                result.append(step(rule, config, uuid, labels[i], evaluate(window, uuid, config), now, wall))
+                try:
+                    obs = evaluate(window, uuid, config)
+                except Exception as exc:  # a bug in one rule on one GPU's odd reading stays there
+                    obs = self._failed(rule, uuid, labels[i], exc)
+                result.append(step(rule, config, uuid, labels[i], obs, now, wall))
         return tuple(result)
+
+    def _failed(self, rule: Rule, uuid: str | None, gpu: str | None, exc: Exception) -> None:
+        """Count the failure; log it once per (rule, GPU). None: the rule's state there stays as it was."""
+        self._errors[rule.id] = self._errors.get(rule.id, 0) + 1
+        if (rule.id, uuid) not in self._failed_logged:
+            self._failed_logged.add((rule.id, uuid))
+            self._log.error("rule_failed", rule=rule.id, gpu=gpu, uuid=uuid, error=f"{type(exc).__name__}: {exc}",
+                            exc_info=exc,
+                            hint="a bug in this rule: its state on this GPU is frozen, the other rules and GPUs are "
+                                 "evaluated as usual (gpuwatch_rule_evaluation_errors_total); please report it")
+        return None
+
+    def _applies(self, rule: Rule, state: GpuState) -> bool:
+        try:
+            return rule.applies(state)
+        except Exception as exc:
+            self._failed(rule, state.identity.uuid, str(state.identity.index), exc)
+            return False
 
     def _plan(self, gpus: Sequence[GpuState]) -> dict[str, list[int] | None]:
         """Rule id -> indices in ``gpus`` of the GPUs it applies to (None: ask ``applies`` each time).

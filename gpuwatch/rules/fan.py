@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import statistics
 
-from gpuwatch.model import FanReading, FastSample, Observation
+from gpuwatch.model import FanReading, FastSample, Observation, slowdown_headroom
 from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
-from gpuwatch.rules.thermal import gpu_label, slowdown_headroom
+from gpuwatch.rules.thermal import gpu_label
 
 
 def _pct(ratio: float | None) -> str:

@@ -13,7 +13,7 @@ import functools
 import math
 from collections.abc import Callable
 
-from gpuwatch.model import FastSample, Observation, SlowSample
+from gpuwatch.model import FastSample, Observation, slowdown_headroom
 from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
 
 THERMAL_REASONS: tuple[str, ...] = ("hw_thermal_slowdown", "sw_thermal_slowdown")
@@ -30,26 +30,6 @@ def gpu_label(window: Window, uuid: str) -> str:
 @functools.lru_cache(maxsize=1024)
 def _label(index: int) -> str:
     return f"GPU {index}"
-
-
-def slowdown_headroom(fast: FastSample | None, slow: SlowSample | None) -> tuple[float | None, float | None]:
-    """(degrees left before HW slowdown, the slowdown temperature in °C); (None, None) if unknown.
-
-    Prefers the T.Limit margin (margin − slowdown T.Limit threshold) where the GPU has one, else
-    the absolute slowdown threshold minus the current temperature.
-    """
-    if fast is None or slow is None or fast.temperature_celsius is None:
-        return None, None
-    temp = fast.temperature_celsius
-    margin = fast.temperature_margin_celsius
-    tlimit = slow.temperature_margin_threshold_celsius.get("slowdown")
-    if margin is not None and tlimit is not None:
-        headroom = margin - tlimit
-        return headroom, temp + headroom
-    slowdown = slow.temperature_threshold_celsius.get("slowdown")
-    if slowdown is None:
-        return None, None
-    return slowdown - temp, slowdown
 
 
 @functools.lru_cache(maxsize=None)
