@@ -260,7 +260,7 @@ def measure_scrapes(workdir: Path, gpus: int, quick: bool) -> dict:
                     break  # keeps the run short at high GPU counts; the counts actually done are reported
                 try:
                     mine.append(timed())
-                except Exception as exc:  # noqa: BLE001 - counted and reported
+                except Exception as exc:
                     with lock:
                         errors.append(f"{type(exc).__name__}: {exc}")
             with lock:
@@ -322,7 +322,7 @@ def measure_memory(workdir: Path, gpus: int, quick: bool) -> dict:
             try:
                 status, _, _ = daemon.get("/metrics")
                 scrapes["ok" if status == 200 else "failed"] += 1
-            except Exception:  # noqa: BLE001 - counted
+            except Exception:
                 scrapes["failed"] += 1
 
     def point(t0: float) -> dict:

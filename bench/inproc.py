@@ -251,7 +251,7 @@ def main() -> int:
     # fast poll (e.g. the rule engine after every poll) is included. No HTTP server, no scheduler.
     try:
         result["agent_poll_fast"] = agent_poll(len(uuids), args.rounds_agent, args.warmup, not args.quick)
-    except Exception as exc:  # noqa: BLE001 - the wiring changes; report rather than fail the bench
+    except Exception as exc:
         result["agent_poll_fast_error"] = f"{type(exc).__name__}: {exc}"
 
     costs = call_costs(args.call_iterations)

@@ -19,9 +19,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuwatch import __version__
+from gpuwatch import __version__, logs, slurm, webconfig
 from gpuwatch import config as configuration
-from gpuwatch import logs, slurm, webconfig
 from gpuwatch.attribution import Attributor
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock

@@ -298,7 +298,7 @@ class NodeSnapshot:
     visible_gpus: int
     taken_monotonic: float
     taken_wall: float
-    anomalies: tuple["Anomaly", ...] = ()
+    anomalies: tuple[Anomaly, ...] = ()
     rule_onsets: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> onsets on any GPU or the node
     rule_errors: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> evaluations that raised
 

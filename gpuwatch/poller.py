@@ -348,7 +348,7 @@ class Poller:
                 self._lifecycle.release()
 
 
-def _now():  # noqa: ANN202 - APScheduler wants an aware datetime
+def _now():
     from datetime import datetime, timezone
 
     return datetime.now(timezone.utc)

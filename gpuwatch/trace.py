@@ -512,7 +512,7 @@ class TraceWriter:
         self._records = 0
         if isinstance(target, (str, os.PathLike)):
             self.name = os.fspath(target)
-            self._file: IO[str] = open(target, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed by close()
+            self._file: IO[str] = open(target, "w", encoding="utf-8", newline="\n")
             self._owned = True
         else:
             self.name = getattr(target, "name", "<stream>")
@@ -835,7 +835,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     """
     name = os.fspath(path)
     try:
-        file = open(path, "rb")  # noqa: SIM115 - closed below
+        file = open(path, "rb")
     except OSError as exc:
         raise ReplayFormatError(f"cannot read trace {name}: {exc.strerror or exc}") from None
     header: TraceHeader | None = None

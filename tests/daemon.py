@@ -12,9 +12,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 import fakenvml
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int:

@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
-
 from daemon import stop_process, wait_for
 
 
@@ -103,7 +102,7 @@ class Webhook:
         received = self.notifications
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 received.append(json.loads(self.rfile.read(length)))
                 self.send_response(200)

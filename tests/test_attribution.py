@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-import pytest
-
 import fakenvml
+import pytest
 from daemon import Daemon, fake_env
+
 from gpuwatch.attribution import Attributor, parse_cgroup
 from gpuwatch.model import GpuProcess
 from gpuwatch.testing import identity

@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 
+import fakenvml
 import pytest
+from daemon import fake_env
 from prometheus_client.parser import text_string_to_metric_families
 
-import fakenvml
-from daemon import fake_env
 from gpuwatch.exporter.catalogue import CATALOGUE
 
 # feature -> (family, extra label filter) that must exist exactly when the feature is supported

@@ -29,11 +29,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import fakenvml
 import pytest
 import yaml
-
-import fakenvml
 from daemon import Daemon, fake_env, stop_process, wait_for
+
 from gpuwatch.exporter.catalogue import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[1]

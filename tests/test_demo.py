@@ -4,10 +4,11 @@ import os
 import shutil
 import subprocess
 
-from daemon import Daemon, parse, wait_for
+from daemon import Daemon, parse
+
 from gpuwatch import live
-from gpuwatch.clock import FakeClock
 from gpuwatch.backends.simulated import SimulatedBackend
+from gpuwatch.clock import FakeClock
 from gpuwatch.poller import Poller
 from gpuwatch.store import Store
 

@@ -9,10 +9,9 @@ hold/clear times are shortened through its configuration file.
 import re
 from pathlib import Path
 
+import fakenvml
 import pytest
 import yaml
-
-import fakenvml
 from daemon import Daemon, fake_env, wait_for
 from promstack import Alertmanager, Prometheus, Webhook
 

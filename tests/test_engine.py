@@ -10,7 +10,7 @@ from gpuwatch.rules import all_rules
 from gpuwatch.rules.base import Rule, needs
 from gpuwatch.rules.engine import Engine, build_configs, check_lookback
 from gpuwatch.store import Store
-from gpuwatch.testing import FakeClock, H200_FEATURES, fast_sample, identity, slow_sample
+from gpuwatch.testing import H200_FEATURES, FakeClock, fast_sample, identity, slow_sample
 
 HOT = 80.0
 

@@ -20,8 +20,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import fakenvml  # noqa: E402
-from fakenvml import FakeNode, prepare, read_counts  # noqa: E402
+import fakenvml
+from fakenvml import FakeNode, prepare, read_counts
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fake NVML needs Linux (LD_LIBRARY_PATH)"),

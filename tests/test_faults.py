@@ -15,11 +15,9 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 import fakenvml
+import pytest
 from daemon import Daemon, fake_env, parse, stop_process, wait_for
 
 FAKETIME_LIB = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",

@@ -10,9 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import fakenvml
+import pytest
 from daemon import Daemon, fake_env
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -5,9 +5,9 @@ while it runs to inject faults.
 """
 
 import json
-import pytest
 
 import fakenvml
+import pytest
 from daemon import Daemon, fake_env, wait_for
 
 

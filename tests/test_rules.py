@@ -19,12 +19,12 @@ from gpuwatch.model import (
     NodeSnapshot,
     Observation,
     TierState,
+    slowdown_headroom,
 )
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.base import Window
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.rules.health import CRITICAL_XIDS
-from gpuwatch.model import slowdown_headroom
 from gpuwatch.rules.thermal import project_seconds_to
 from gpuwatch.testing import H200_FEATURES, fan, fast_sample, identity, slow_sample
 

@@ -25,9 +25,8 @@ from gpuwatch.model import (
     Observation,
     decode_clocks_event_reasons,
 )
-from gpuwatch.rules import all_rules
+from gpuwatch.rules import all_rules, thermal
 from gpuwatch.rules import base as rules_base
-from gpuwatch.rules import thermal
 from gpuwatch.rules.base import History, Window
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.rules.health import _sample_near

@@ -15,11 +15,11 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import fakenvml
 import pytest
+from daemon import Daemon, fake_env, wait_for
 from structlog.testing import capture_logs
 
-import fakenvml
-from daemon import Daemon, fake_env, wait_for
 from gpuwatch import slurm
 from gpuwatch.slurm import Action, NodeState, Settings, decide
 from gpuwatch.status import verdict

@@ -14,12 +14,12 @@ from gpuwatch.backends.simulated import Fault, SimulatedBackend
 from gpuwatch.clock import FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost, ReplayFormatError
 from gpuwatch.model import (
-    GpuProcess,
     DiscoveredGpu,
     DriverInfo,
     FanReading,
     FastSample,
     GpuIdentity,
+    GpuProcess,
     SlowSample,
 )
 from gpuwatch.poller import Poller

@@ -31,7 +31,6 @@ import pynvml as N
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.logs import get_logger
 from gpuwatch.model import (
-    CLOCKS,
     DiscoveredGpu,
     DriverInfo,
     FanReading,

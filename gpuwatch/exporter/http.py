@@ -185,7 +185,7 @@ class _Handler(WSGIRequestHandler):
     error_content_type = "text/plain; charset=utf-8"
     error_message_format = "%(code)d %(message)s\n"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # scrapes are not worth a log line each
 
     def parse_request(self) -> bool:

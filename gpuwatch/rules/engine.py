@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from types import MappingProxyType
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from gpuwatch.errors import ConfigError

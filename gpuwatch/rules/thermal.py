@@ -32,14 +32,14 @@ def _label(index: int) -> str:
     return f"GPU {index}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_counter(reason: str) -> Callable[[FastSample], bool]:
     """Predicate "the sample has the ``reason`` throttle-time counter" (one function per reason,
     as Window.first_last wants)."""
     return lambda sample: reason in sample.clocks_event_seconds
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reasons_active(reasons: tuple[str, ...], unless: tuple[str, ...] = ()) -> Callable[[FastSample], bool]:
     """Predicate "any of ``reasons`` and none of ``unless`` is active in the sample" (one function
     per argument pair, as Window.tally wants)."""

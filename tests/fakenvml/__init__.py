@@ -81,8 +81,8 @@ import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 __all__ = [
     "FakeGpu",
@@ -164,7 +164,7 @@ class FakeNvmlBuildError(RuntimeError):
 _build_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def symbols() -> tuple[str, ...]:
     """All C symbol names the fake implements, in call-count slot order
     (parsed from the ``FAKE_SYMBOLS`` X-macro in ``fake_nvml.c``)."""
@@ -609,26 +609,26 @@ class FakeNode:
     # -- constructors --------------------------------------------------------
 
     @classmethod
-    def h200(cls, count: int = 8, **node_kw) -> "FakeNode":
+    def h200(cls, count: int = 8, **node_kw) -> FakeNode:
         """``count`` idle NVIDIA H200 SXM GPUs (values from the H200 capture)."""
         return cls.from_profiles(["h200"] * count, **node_kw)
 
     @classmethod
-    def h100(cls, count: int = 8, **node_kw) -> "FakeNode":
+    def h100(cls, count: int = 8, **node_kw) -> FakeNode:
         return cls.from_profiles(["h100"] * count, **node_kw)
 
     @classmethod
-    def l40s(cls, count: int = 4, **node_kw) -> "FakeNode":
+    def l40s(cls, count: int = 4, **node_kw) -> FakeNode:
         return cls.from_profiles(["l40s"] * count, **node_kw)
 
     @classmethod
-    def rtx(cls, count: int = 1, **node_kw) -> "FakeNode":
+    def rtx(cls, count: int = 1, **node_kw) -> FakeNode:
         """``count`` GeForce RTX 4080 SUPER cards: two fans, absolute thresholds,
         no margin/memory temperature, no ECC/remapped rows/retired pages."""
         return cls.from_profiles(["rtx"] * count, **node_kw)
 
     @classmethod
-    def from_profiles(cls, profiles: Iterable[str | FakeGpu], **node_kw) -> "FakeNode":
+    def from_profiles(cls, profiles: Iterable[str | FakeGpu], **node_kw) -> FakeNode:
         """A node from profile names (see :data:`PROFILES`) and/or ready FakeGpu
         objects, e.g. ``FakeNode.from_profiles(["h200", "h200", "rtx"])``."""
         gpus = [p if isinstance(p, FakeGpu) else make_gpu(p, i) for i, p in enumerate(profiles)]
