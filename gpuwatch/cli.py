@@ -73,7 +73,7 @@ def make_backend(config: Config, clock: Clock) -> Backend:
         return ReplayBackend(trace, clock, speed=config.replay_speed, loop=config.replay_loop)
     from gpuwatch.backends.nvml import NvmlBackend
 
-    return NvmlBackend()
+    return NvmlBackend(config.collectors, config.collector_options)
 
 
 class Agent:
@@ -87,11 +87,15 @@ class Agent:
         rules = all_rules()
         self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
                              config.rules_window, config.rules_expected_gpus)
-        attributor = Attributor(config.attribution_proc_root, config.attribution_mapping_dir)
+        attribute = None
+        if "processes" in config.collectors:
+            attribute = Attributor(config.attribution_proc_root, config.attribution_mapping_dir).attribute
         self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval,
-                             evaluate=self.evaluate_rules, attribute=attributor.attribute)
-        self.exposition = build_exposition(self.store.snapshot, self.clock, config.staleness, max_processes=(
-            config.collector_processes_max if config.collector_processes else 0))
+                             evaluate=self.evaluate_rules, attribute=attribute, enabled=config.collectors)
+        options = config.collector_options
+        self.exposition = build_exposition(
+            self.store.snapshot, self.clock, config.staleness, enabled=config.collectors,
+            per_pid_max=options["processes.per-pid-max"] if options["processes.per-pid"] else 0)
         self.http: HttpServers | None = None
 
     def evaluate_rules(self) -> None:
@@ -212,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             duration = configuration.parse_duration("--duration", args.duration)
         if args.command == "check":
             drain = _drain_settings(args)
+        if config.web_config_file:
+            webconfig.load(config.web_config_file)  # the whole file and the files it names: exit 78 at start
     except ConfigError as exc:
         logs.say(f"gpuwatch: configuration error: {exc}")
         return EX_CONFIG
@@ -259,7 +265,7 @@ def _exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
 
 def _once(agent: Agent) -> int:
     agent.poller.poll_fast()  # opens the backend and also runs the first slow poll
-    sys.stdout.buffer.write(agent.exposition.render())
+    sys.stdout.buffer.write(agent.exposition.render()[0])
     sys.stdout.flush()
     up = agent.poller.backend_up
     agent.poller.stop()
@@ -377,7 +383,8 @@ def _list_scenarios() -> int:
 
 def _record(config: Config, output: str, duration: float | None) -> int:
     """The normal poller over the configured backend wrapped in a Recorder, for ``duration`` (or until a signal)."""
-    from gpuwatch.trace import Recorder, TraceWriter
+    from gpuwatch.backends.recorder import Recorder
+    from gpuwatch.trace import TraceWriter
 
     log = logs.get_logger(component="record")
     clock = SystemClock()

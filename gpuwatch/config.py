@@ -21,12 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwatch import webconfig
+from gpuwatch import groups
 from gpuwatch.errors import ConfigError
 from gpuwatch.logs import FORMATS, LEVELS
 from gpuwatch.yamlfile import read_yaml
 
 DEFAULT_PORT = 19400
+# "<group>.<option>" -> default, for every reading group's options (--collector.<group>.<option>)
+COLLECTOR_DEFAULTS: dict[str, Any] = {f"{g.name}.{name}": default for g in groups.GROUPS
+                                      for name, (default, _) in g.options.items()}
 BACKENDS = ("nvml", "simulated", "replay")
 SIM_PROFILES = ("rtx6000", "h200", "t4")
 
@@ -48,8 +51,10 @@ class Config:
     replay_file: str | None = None  # trace written by `gpuwatch record` (backend replay)
     replay_speed: float = 1.0  # trace seconds per real second
     replay_loop: bool = False  # start over at the end of the trace
-    collector_processes: bool = False  # per-process series (gpuwatch_process_memory_used_bytes)
-    collector_processes_max: int = 100
+    # reading groups switched on (--collector.<group> / --no-collector.<group>), and their options
+    # "<group>.<option>" -> value (--collector.<group>.<option>); every option is in the mapping
+    collectors: frozenset[str] = groups.DEFAULT_ENABLED
+    collector_options: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(COLLECTOR_DEFAULTS))
     attribution_proc_root: str = "/proc"
     attribution_mapping_dir: str | None = None  # dcgm-exporter style HPC job mapping directory
     rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
@@ -138,13 +143,6 @@ def _existing(name: str, directory: bool = False, hint: str = "") -> Callable[[A
         return text
 
     return parse
-
-
-def _web_config_file(value: Any) -> str:
-    """The path, once the whole file (and the certificate, key and CA files it names) has been checked."""
-    path = str(value)
-    webconfig.load(path)  # ConfigError naming the file and the key: exit 78 at start
-    return path
 
 
 def _readable(name: str) -> Callable[[Any], str]:
@@ -251,7 +249,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("web.listen-address", "listen_addresses", _addresses,
            f"address to serve on, HOST:PORT, repeatable (default :{DEFAULT_PORT})", repeatable=True),
     Option("web.telemetry-path", "telemetry_path", _path, "path of the metrics endpoint (default /metrics)"),
-    Option("web.config.file", "web_config_file", _web_config_file,
+    Option("web.config.file", "web_config_file", _readable("web.config.file"),
            "TLS and basic auth: web config file in node_exporter's format (docs/security.md; default: plain HTTP)"),
     Option("web.max-requests", "web_max_requests", _int("web.max-requests", 0, 10000),
            "requests served at once; more get 503 (default 40; 0: no limit)"),
@@ -277,10 +275,6 @@ OPTIONS: tuple[Option, ...] = (
            "replay backend: trace seconds per real second, e.g. 10 (default 1)"),
     Option("replay.loop", "replay_loop", _bool("replay.loop"),
            "replay backend: start over at the end of the trace instead of holding its last state", switch=True),
-    Option("collector.processes", "collector_processes", _bool("collector.processes"),
-           "export per-process GPU memory series (off by default: PIDs churn)", switch=True),
-    Option("collector.processes-max", "collector_processes_max", _int("collector.processes-max", 1, 10000),
-           "at most this many per-process series per node (default 100)"),
     Option("attribution.proc-root", "attribution_proc_root", _existing("attribution.proc-root", directory=True),
            "where to read PIDs' cgroups and owners (default /proc)"),
     Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir", _existing("attribution.hpc-job-mapping-dir", directory=True),
@@ -298,21 +292,51 @@ OPTIONS: tuple[Option, ...] = (
     Option("check.client-key-file", "check_client_key_file", _readable("check.client-key-file"),
            "gpuwatch check: key of that certificate (default: read from the certificate file)"),
 )
-_BY_FIELD = {o.field: o for o in OPTIONS}
+
+
+def _collector_options() -> tuple[Option, ...]:
+    """--collector.<group> for every reading group, and --collector.<group>.<option> for its options."""
+    options = []
+    for g in groups.GROUPS:
+        options.append(Option(f"collector.{g.name}", f"collector:{g.name}", _bool(f"collector.{g.name}"),
+                              f"reading group {g.name}: {g.help} (default {'on' if g.default else 'off'}; "
+                              f"--no-collector.{g.name} turns it off)", switch=True))
+        for name, (default, text) in g.options.items():
+            key = f"collector.{g.name}.{name}"
+            switch = isinstance(default, bool)
+            parse = _bool(key) if switch else _int(key, 1, 1_000_000)
+            options.append(Option(key, f"collector:{g.name}.{name}", parse, f"{text} (default {default})", switch=switch))
+    return tuple(options)
+
+
+COLLECTOR_OPTIONS: tuple[Option, ...] = _collector_options()
+ALL_OPTIONS: tuple[Option, ...] = OPTIONS + COLLECTOR_OPTIONS
+_BY_FIELD = {o.field: o for o in ALL_OPTIONS}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file (env GPUWATCH_CONFIG)")
     for option in OPTIONS:
-        bare: dict[str, Any] = {"nargs": "?", "const": "true"} if option.switch else {}
-        parser.add_argument(
-            option.flag,
-            dest=option.field,
-            default=None,
-            action="append" if option.repeatable else "store",
-            help=f"{option.help} [env {option.env}]",
-            **bare,
-        )
+        _add(parser, option)
+    collectors = parser.add_argument_group(
+        "reading groups", "switch a group off with --no-collector.<group> (its NVML calls and metrics go); docs/groups.md")
+    for option in COLLECTOR_OPTIONS:
+        _add(collectors, option)
+        if option.key.count(".") == 1:  # the group itself
+            collectors.add_argument("--no-" + option.key, dest=option.field, action="store_const", const="false",
+                                    help=argparse.SUPPRESS)
+
+
+def _add(parser: Any, option: Option) -> None:
+    bare: dict[str, Any] = {"nargs": "?", "const": "true"} if option.switch else {}
+    parser.add_argument(
+        option.flag,
+        dest=option.field,
+        default=None,
+        action="append" if option.repeatable else "store",
+        help=f"{option.help} [env {option.env}]",
+        **bare,
+    )
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
@@ -326,14 +350,17 @@ def _load_yaml(path: str) -> dict[str, Any]:
 
 def _flatten_yaml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
     """Map nested YAML onto Config fields; unknown keys are an error (typos must not pass silently)."""
-    by_path = {o.yaml_path: o for o in OPTIONS}
+    by_path = {o.yaml_path: o for o in ALL_OPTIONS}
     prefixes = {p[:i] for p in by_path for i in range(1, len(p))}
+    for p in list(by_path):  # "collector: {processes: {enabled: true, per_pid: true}}"
+        if p in prefixes:
+            by_path[p + ("enabled",)] = by_path[p]
     result: dict[str, Any] = {}
 
     def walk(node: Mapping[str, Any], trail: tuple[str, ...]) -> None:
         for key, value in node.items():
             here = trail + (str(key),)
-            if here in by_path:
+            if here in by_path and not (here in prefixes and isinstance(value, dict)):
                 result[by_path[here].field] = value
             elif trail == ("rules",):
                 # per-rule settings; the rule engine validates them (ids, thresholds) at start
@@ -356,23 +383,33 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
     config_file = getattr(args, "config", None) or environ.get("GPUWATCH_CONFIG")
     if config_file:
         raw.update(_flatten_yaml(_load_yaml(config_file), config_file))
-    for option in OPTIONS:
+    for option in ALL_OPTIONS:
         if option.env in environ and environ[option.env] != "":
             raw[option.field] = environ[option.env]
     if args is not None:
-        for option in OPTIONS:
+        for option in ALL_OPTIONS:
             value = getattr(args, option.field, None)
             if value is not None:
                 raw[option.field] = value
     raw.update(overrides or {})
     values: dict[str, Any] = {}
+    enabled = set(groups.DEFAULT_ENABLED)
+    options = dict(COLLECTOR_DEFAULTS)
     for name, value in raw.items():
         if name == "rules":
             values[name] = value
             continue
         option = _BY_FIELD[name]
-        values[name] = None if value is None else option.parse(value)
-    config = Config(**values)
+        parsed = None if value is None else option.parse(value)
+        if name.startswith("collector:"):
+            key = name[len("collector:"):]
+            if "." in key:
+                options[key] = parsed
+            elif parsed is not None:
+                (enabled.add if parsed else enabled.discard)(key)
+            continue
+        values[name] = parsed
+    config = Config(**values, collectors=frozenset(enabled), collector_options=options)
     if config.poll_slow_interval < config.poll_interval:
         raise ConfigError(
             f"poll.slow-interval ({config.poll_slow_interval:g} s) must not be shorter than "

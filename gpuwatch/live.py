@@ -27,15 +27,15 @@ def gpu_line(gpu: GpuState, now: float, bound: float, anomalies: list[str] | Non
         return f"{index:>3}  {'':>6}  {'':>6}  {'':>5}  {'':>7}  {'':>5}  {'':>9}  " + state
     limits = temperature_thresholds(fast, gpu.slow)
     fan = fast.fans[0].speed_ratio if fast.fans else None
-    active = [r for r, on in fast.clocks_event_active.items() if on and r != "gpu_idle"]
-    state = ",".join(active) if active else ("idle" if fast.clocks_event_active.get("gpu_idle") else "ok")
+    active = [r for r, on in fast.clocks.clocks_event_active.items() if on and r != "gpu_idle"]
+    state = ",".join(active) if active else ("idle" if fast.clocks.clocks_event_active.get("gpu_idle") else "ok")
     if anomalies:
         state = "ANOMALY " + ",".join(anomalies) + " | " + state
-    sm = fast.clock_hertz.get("sm")
+    sm = fast.clocks.clock_hertz.get("sm")
     return (
-        f"{index:>3}  {_fmt(fast.temperature_celsius, '{:.0f}°C'):>6}  {_fmt(limits.get('slowdown'), '{:.0f}°C'):>6}  "
-        f"{_fmt(fan, '{:.0%}', 'n/a'):>5}  {_fmt(fast.power_watts, '{:.0f} W'):>7}  "
-        f"{_fmt(fast.utilization_ratio.get('gpu'), '{:.0%}'):>5}  "
+        f"{index:>3}  {_fmt(fast.thermal.temperature_celsius, '{:.0f}°C'):>6}  {_fmt(limits.get('slowdown'), '{:.0f}°C'):>6}  "
+        f"{_fmt(fan, '{:.0%}', 'n/a'):>5}  {_fmt(fast.power.power_watts, '{:.0f} W'):>7}  "
+        f"{_fmt(fast.utilization.utilization_ratio.get('gpu'), '{:.0%}'):>5}  "
         f"{_fmt(None if sm is None else sm / 1e6, '{:.0f} MHz'):>9}  {state}"
     )
 

@@ -12,9 +12,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from gpuwatch import groups
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
@@ -87,6 +89,7 @@ class Poller:
         slow_interval: float = 30.0,
         evaluate: Callable[[], None] | None = None,
         attribute: Callable[[GpuIdentity, tuple[GpuProcess, ...] | None], tuple[ProcessInfo, ...]] | None = None,
+        enabled: Collection[str] = groups.DEFAULT_ENABLED,
     ) -> None:
         self._backend = backend
         self._store = store
@@ -95,6 +98,14 @@ class Poller:
         self._slow_interval = slow_interval
         self._evaluate = evaluate
         self._attribute = attribute
+        # tier -> the enabled groups that read in it, for gpuwatch_collector_success/_duration_seconds
+        self._tier_groups = {tier: tuple(g.name for g in groups.GROUPS if g.name in enabled and getattr(g, tier))
+                             for tier in ("fast", "slow")}
+        self._events_ok: bool | None = None
+        # Backends other than NVML read every group: what is switched off is dropped here.
+        self._enabled = frozenset(enabled)
+        self._everything = self._enabled >= groups.ALL
+        self._features = groups.features_of(self._enabled)
         self._log = get_logger(component="poller", backend=backend.name)
         self._lifecycle = threading.Lock()
         self._up = False
@@ -139,9 +150,14 @@ class Poller:
                     "internal", f"{type(exc).__name__}: {exc}",
                     "a gpuwatch bug: please report it with this log line; gpuwatch keeps retrying"), exc)
                 return False
+            if not self._everything:
+                gpus = [dataclasses.replace(g, features={k: v for k, v in g.features.items() if k in self._features})
+                        for g in gpus]
             self._discovery_errors.extend(driver.errors)
             self._discovery_errors.extend(error for gpu in gpus for error in gpu.errors)
             self._store.set_gpus(gpus)
+            if "xid" in self._enabled:
+                self._events_status(True)  # registered at discovery; the events thread reports from here on
             up = len(gpus) > 0
             self._store.set_backend(up, None if up else "no GPUs visible", driver)
             self._up = True
@@ -219,6 +235,8 @@ class Poller:
             errors.append(self._discovery_errors.pop())
         complete = True
         read = self._backend.read_fast if tier == "fast" else self._backend.read_slow
+        # group -> [seconds, every GPU read it without an error] (gpuwatch_collector_*)
+        stats: dict[str, list[Any]] = {name: [0.0, True] for name in self._tier_groups[tier]}
         # one snapshot per poll (not one per GPU): the identities of the GPUs to read, in index order
         identities = {g.identity.uuid: g.identity for g in self._store.snapshot().gpus if g.visible}
         for uuid, identity in identities.items():
@@ -236,7 +254,8 @@ class Poller:
             except BackendUnavailable as exc:
                 errors.append(exc.reason)
                 self._backend_lost(exc)
-                self._store.poll_finished(tier, False, time.perf_counter() - started, errors)
+                self._store.poll_finished(tier, False, time.perf_counter() - started, errors,
+                                          {name: (seconds, False) for name, (seconds, _) in stats.items()})
                 return
             except Exception as exc:  # a bug in a backend must not stop the other GPUs
                 complete = False
@@ -247,12 +266,24 @@ class Poller:
             if uuid in self._lost:
                 self._lost.discard(uuid)
                 self._log.info("gpu_recovered", uuid=uuid, gpu=self._index(uuid))
+            if not self._everything:
+                sample = groups.only(sample, self._enabled)
             errors.extend(sample.errors)
+            for name, seconds, ok in sample.collected:
+                entry = stats.get(name)
+                if entry is not None:
+                    entry[0] += seconds
+                    entry[1] = entry[1] and ok
             if tier == "slow":
-                self._store.put_slow(uuid, sample, self._workloads(identity, sample))
+                attributed = time.perf_counter()
+                workloads = self._workloads(identity, sample)
+                if "processes" in stats:
+                    stats["processes"][0] += time.perf_counter() - attributed
+                self._store.put_slow(uuid, sample, workloads)
             else:
                 self._store.put_fast(uuid, sample)
-        self._store.poll_finished(tier, complete, time.perf_counter() - started, errors)
+        self._store.poll_finished(tier, complete, time.perf_counter() - started, errors,
+                                  {name: (seconds, ok and complete) for name, (seconds, ok) in stats.items()})
 
     def _workloads(self, identity: GpuIdentity, sample: SlowSample) -> tuple[ProcessInfo, ...]:
         if self._attribute is None:
@@ -283,9 +314,15 @@ class Poller:
             try:
                 self._events_once()
             except Exception as exc:  # a bug: the thread must outlive it
+                self._events_status(False)
                 self._repeats.log("error", "events_failed", ("events_failed",),
                                   error=f"{type(exc).__name__}: {exc}", exc_info=True)
                 self._stop.wait(EVENT_WAIT_SECONDS)
+
+    def _events_status(self, ok: bool) -> None:
+        if ok != self._events_ok:  # only changes reach the store (each is a new snapshot)
+            self._events_ok = ok
+            self._store.set_events_ok(ok)
 
     def _events_once(self) -> None:
         self._repeats.flush()
@@ -295,8 +332,10 @@ class Poller:
         try:
             events = self._backend.wait_events(EVENT_WAIT_SECONDS)
         except BackendUnavailable:
+            self._events_status(False)
             self._stop.wait(EVENT_WAIT_SECONDS)
             return
+        self._events_status(True)
         for event in events:
             self._store.record_xid(event)
         if events:
@@ -332,8 +371,9 @@ class Poller:
             scheduler.add_job(self._evaluate_if_due, "interval", seconds=self._fast_interval, id="rules")
         scheduler.start()
         self._scheduler = scheduler
-        self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
-        self._events_thread.start()
+        if "xid" in self._enabled:
+            self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
+            self._events_thread.start()
 
     def stop(self) -> None:
         self._stop.set()

@@ -57,9 +57,9 @@ def status_document(snap: NodeSnapshot, now: float, staleness: Callable[[str], f
             "name": state.identity.name,
             "pci_bus_id": state.identity.pci_bus_id,
             "up": state.up,
-            "temperature_celsius": None if sample is None else sample.temperature_celsius,
-            "power_watts": None if sample is None else sample.power_watts,
-            "utilization_ratio": None if sample is None else sample.utilization_ratio.get("gpu"),
+            "temperature_celsius": None if sample is None else sample.thermal.temperature_celsius,
+            "power_watts": None if sample is None else sample.power.power_watts,
+            "utilization_ratio": None if sample is None else sample.utilization.utilization_ratio.get("gpu"),
             "anomalies": by_gpu.get(state.identity.uuid, []),
         })
     rules: dict[str, dict[str, Any]] = {}

@@ -44,6 +44,7 @@ class Store:
         self._snapshot: NodeSnapshot | None = None
         self._anomalies: tuple[Anomaly, ...] = ()
         self._onsets: dict[str, int] = {}
+        self._events_ok: bool | None = None
         self._rule_errors: dict[str, int] = {}
 
     # -- writers -----------------------------------------------------------------------------
@@ -147,7 +148,9 @@ class Store:
                 self._tiers[tier] = dataclasses.replace(self._tiers[tier], success=False)
                 self._changed()
 
-    def poll_finished(self, tier: str, success: bool, duration: float, errors: Iterable[str] = ()) -> None:
+    def poll_finished(self, tier: str, success: bool, duration: float, errors: Iterable[str] = (),
+                      groups: Mapping[str, tuple[float, bool]] | None = None) -> None:
+        """A poll of ``tier`` ended; ``groups``: reading group -> (seconds, succeeded on every GPU)."""
         with self._lock:
             counter = self._errors[tier]
             counter.update(errors)
@@ -158,7 +161,14 @@ class Store:
                 last_completed_monotonic=self._clock.monotonic(),
                 errors_total=dict(counter),
                 in_flight_since=None,
+                groups=dict(groups) if groups is not None else self._tiers[tier].groups,
             )
+            self._changed()
+
+    def set_events_ok(self, ok: bool) -> None:
+        """Whether the XID events thread's last wait worked (gpuwatch_collector_success{group="xid"})."""
+        with self._lock:
+            self._events_ok = ok
             self._changed()
 
     # -- readers -----------------------------------------------------------------------------
@@ -182,5 +192,6 @@ class Store:
                     anomalies=self._anomalies,
                     rule_onsets=self._onsets,
                     rule_errors=self._rule_errors,
+                    events_ok=self._events_ok,
                 )
             return self._snapshot

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpuwatch import groups
 from gpuwatch.clock import Clock, FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.exporter import build_exposition
@@ -44,7 +45,8 @@ def identity(index: int = 0, **overrides: Any) -> GpuIdentity:
 
 
 def fast_sample(**overrides: Any) -> FastSample:
-    """An idle H200-like fast sample (values from the H200 capture)."""
+    """An idle H200-like fast sample (values from the H200 capture); readings by their flat names
+    (``temperature_celsius=85.0``), as in gpuwatch.groups.fast_sample."""
     values: dict[str, Any] = dict(
         temperature_celsius=28.0,
         memory_temperature_celsius=32.0,
@@ -53,25 +55,28 @@ def fast_sample(**overrides: Any) -> FastSample:
         power_watts=77.67,
         energy_joules=123456.789,
         performance_state=0,
-        utilization_ratio={"gpu": 0.0, "memory": 0.0, "encoder": 0.0, "decoder": 0.0},
+        utilization_ratio={"gpu": 0.0, "memory": 0.0},
         memory_total_bytes=143771 * 2**20,
         memory_used_bytes=0,
         memory_free_bytes=143203 * 2**20,
         memory_reserved_bytes=568 * 2**20,
-        clock_hertz={"graphics": 345e6, "sm": 345e6, "memory": 3201e6, "video": 765e6},
+        clock_hertz={"graphics": 345e6, "sm": 345e6, "memory": 3201e6},
         clocks_event_active={"gpu_idle": True, "sw_power_cap": False, "hw_slowdown": False,
                              "sw_thermal_slowdown": False, "hw_thermal_slowdown": False},
         clocks_event_seconds={"sw_power_cap": 12.5, "hw_thermal_slowdown": 0.0},
     )
     values.update(overrides)
-    return FastSample(**values)
+    return groups.fast_sample(**values)
 
 
 def slow_sample(**overrides: Any) -> SlowSample:
+    """An H200-like slow sample; readings by their flat names, as in gpuwatch.groups.slow_sample."""
     values: dict[str, Any] = dict(
         temperature_margin_threshold_celsius={"shutdown": -8.0, "slowdown": -2.0, "gpu_max": 0.0, "memory_max": 0.0},
         power_limit_watts={"enforced": 700.0, "default": 700.0, "min": 200.0, "max": 700.0},
+        clock_hertz={"video": 765e6},
         clock_max_hertz={"graphics": 1980e6, "sm": 1980e6, "memory": 3201e6, "video": 1545e6},
+        utilization_ratio={"encoder": 0.0, "decoder": 0.0},
         ecc_errors={("corrected", "volatile"): 0, ("uncorrected", "volatile"): 0,
                     ("corrected", "aggregate"): 0, ("uncorrected", "aggregate"): 0},
         remapped_rows={"correctable": 0, "uncorrectable": 0},
@@ -82,7 +87,7 @@ def slow_sample(**overrides: Any) -> SlowSample:
         pcie_replays=0,
     )
     values.update(overrides)
-    return SlowSample(**values)
+    return groups.slow_sample(**values)
 
 
 def fan(index: int = 0, speed: float = 0.38, target: float = 0.38, rpm: float = 1500.0) -> FanReading:
@@ -165,8 +170,14 @@ def registry_for(store: Store, clock: Clock, staleness: Callable[[str], float] |
 
 def exposition(store: Store, clock: Clock, staleness: Callable[[str], float] | None = None) -> str:
     """The text exposition of a store, as /metrics would serve it (without process metrics)."""
-    return registry_for(store, clock, staleness).render().decode()
+    return registry_for(store, clock, staleness).render()[0].decode()
 
 
 def replace(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace``; on a FastSample or SlowSample the changes may name readings by their
+    flat names (``replace(sample, temperature_celsius=90.0)``)."""
+    if isinstance(obj, (FastSample, SlowSample)) and changes:
+        values = groups.flat(obj)
+        values.update(changes)
+        return (groups.fast_sample if isinstance(obj, FastSample) else groups.slow_sample)(**values)
     return dataclasses.replace(obj, **changes)

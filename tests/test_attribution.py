@@ -69,7 +69,7 @@ def test_dcgm_mapping_directory_names_jobs_of_invisible_processes(tmp_path):
 
 def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path):
     """Over the fake library: GPU 0 runs Slurm job 4242 of alice (two processes), GPU 1 a Kubernetes pod,
-    GPU 2 nothing; per-process series only with --collector.processes and capped. (uids without a
+    GPU 2 nothing; per-process series only with --collector.processes.per-pid and capped. (uids without a
     passwd entry show as numbers: the daemon resolves names with the real passwd database.)"""
     proc = tmp_path / "proc"
     fake_proc(proc, 100, SLURM_V2, 54321)
@@ -80,8 +80,8 @@ def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path):
     node.gpus[0].add_process(101, 2**30)
     node.gpus[1].add_process(200, 8 * 2**30)
     fx = fakenvml.prepare(tmp_path, node)
-    d = Daemon(tmp_path, fake_env(fx), ["--attribution.proc-root", str(proc), "--collector.processes",
-                                        "--collector.processes-max", "2"])
+    d = Daemon(tmp_path, fake_env(fx), ["--attribution.proc-root", str(proc), "--collector.processes.per-pid",
+                                        "--collector.processes.per-pid-max", "2"])
     try:
         g0 = dict(gpu="0", uuid=node.gpus[0].uuid)
         d.wait_value("gpuwatch_gpu_job_info", 1, scheduler="slurm", job_id="4242", user="54321", **g0)

@@ -91,7 +91,7 @@ def test_on_a_gpu_with_both_scales_the_exported_slowdown_is_the_one_the_rules_us
                 if k[0] == "gpuwatch_temperature_threshold_celsius"}
     headroom, slowdown = slowdown_headroom(fast, slow)
     assert exported == {"shutdown": 95.0, "slowdown": 89.0, "gpu_max": 87.0, "memory_max": 95.0}
-    assert slowdown == exported["slowdown"] and headroom == slowdown - fast.temperature_celsius
+    assert slowdown == exported["slowdown"] and headroom == slowdown - fast.thermal.temperature_celsius
     line = gpu_line(GpuState(identity(0), features, True, fast, 1000.0, slow, 1000.0), 1000.0, 6.0)
     assert f"{slowdown:.0f}" in line.split()[2]
 
@@ -113,11 +113,17 @@ def test_every_family_is_in_the_catalogue_with_its_labels_and_order_is_stable():
 
 
 def test_fast_encoder_matches_prometheus_client_byte_for_byte():
-    """gpuwatch writes the exposition itself for speed; prometheus_client's encoders are the oracle."""
+    """gpuwatch writes the exposition itself, re-encoding only what changed; prometheus_client's
+    encoders are the oracle: the same samples (from the groups' render functions, not the cache),
+    in the documented order, give the same bytes, text and OpenMetrics, also after a second render
+    that reuses the kept lines of what did not change."""
     from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from gpuwatch.exporter.collector import build_labels, render
+    from gpuwatch import groups
+    from gpuwatch.exporter import Exposition
+    from gpuwatch.exporter.collector import Renderer, _default_select, _gpu_core, _sort_key, build_labels
     from gpuwatch.model import Anomaly, XidEvent
 
     clock = FakeClock()
@@ -132,15 +138,49 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
     store.record_xid(XidEvent(gpus[0].identity.uuid, 79, 1_700_000_100.5))
     store.set_anomalies((Anomaly("overheating", "critical", gpus[1].identity.uuid, "1", True, 1_700_000_000.25, 2),
                          Anomaly("backend_down", "critical")), {"overheating": 2, "backend_down": 0}, {"overheating": 1})
-    store.poll_finished("fast", True, 0.0123)
-    samples = render(store.snapshot(), clock.monotonic(), lambda tier: 6.0 if tier == "fast" else 90.0,
-                     build_labels())
+    store.poll_finished("fast", True, 0.0123, groups={"thermal": (0.001, True), "fans": (0.002, False)})
+    staleness = lambda tier: 6.0 if tier == "fast" else 90.0  # noqa: E731
+    exposition = Exposition(store.snapshot, clock, staleness, process_metrics=False)
 
-    class Families:
-        def collect(self):
-            return samples.families()
+    def oracle():
+        snap, now = store.snapshot(), clock.monotonic()
+        rows = {}
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Families())
-    assert samples.encode(openmetrics=False) == generate_latest(registry).decode()
-    assert samples.encode(openmetrics=True) + "# EOF\n" == om_latest(registry).decode()
+        def collecting(prefix):
+            def emit(family, labels, value):
+                if value is not None:
+                    rows.setdefault(family, []).append((prefix + labels, float(value)))
+            return emit
+
+        for state in snap.gpus:
+            prefix = (str(state.identity.index), state.identity.uuid)
+            _gpu_core(collecting(prefix), state, groups.features_of(groups.DEFAULT_ENABLED))
+            fast, slow = state.fresh_fast(now, 6.0), state.fresh_slow(now, 90.0)
+            for group in groups.GROUPS:
+                if group.render is not None:
+                    group.render(collecting(prefix), *(group.select or _default_select(group))(state, fast, slow))
+        for family, items in Renderer(staleness, build_labels())._node_rows(snap, now, 90.0, 0).items():
+            rows.setdefault(family, []).extend(items)
+        registry = CollectorRegistry(auto_describe=False)
+        families = []
+        for name in sorted(rows):
+            spec = CATALOGUE[name]
+            family = (CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily)(name, spec.help,
+                                                                                           labels=spec.labels)
+            for labels, value in sorted(rows[name], key=lambda item: _sort_key(item[0])):
+                family.add_metric(labels, value)
+            families.append(family)
+
+        class Families:
+            def collect(self):
+                return iter(families)
+
+        registry.register(Families())
+        return generate_latest(registry).decode(), om_latest(registry).decode()
+
+    for _ in range(2):
+        text, om = oracle()
+        assert exposition.render()[0].decode() == text
+        assert exposition.render(openmetrics=True)[0].decode() == om
+        clock.advance(2)
+        store.put_fast(gpus[0].identity.uuid, fast_sample(temperature_celsius=61.0))  # the second render: one GPU changed

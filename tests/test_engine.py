@@ -19,7 +19,7 @@ def too_hot(window, uuid, config):
     sample = window.fast(uuid)
     if sample is None:
         return None
-    t = sample.temperature_celsius
+    t = sample.thermal.temperature_celsius
     return Observation(t >= config["limit"], t, config["limit"], f"GPU at {t:.0f} C")
 
 
@@ -209,5 +209,5 @@ def test_a_rule_that_raises_fails_alone_and_the_watchdog_stays_fed(capsys):
     failed = [e for e in events(capsys) if e["event"] == "rule_failed"]
     assert sorted(e["gpu"] for e in failed) == ["0", "1"] and "ZeroDivisionError" in failed[0]["error"]
     assert agent.alive() is None
-    text = agent.exposition.render().decode()
+    text = agent.exposition.render()[0].decode()
     assert 'gpuwatch_rule_evaluation_errors_total{rule="overheating"} 10.0' in text

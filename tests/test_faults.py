@@ -283,10 +283,10 @@ def test_wall_clock_steps_do_not_stall_or_burst_the_polls(node_daemon, tmp_path)
     d = node_daemon(env_extra={"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": str(offset),
                                "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
     fx = node_daemon.fx
-    per_poll = len(node_daemon.node.gpus)  # nvmlDeviceGetPowerUsage calls per fast poll
+    per_poll = len(node_daemon.node.gpus)  # nvmlDeviceGetTemperatureV calls per fast poll
 
     def polls() -> int:
-        return fx.counts()["nvmlDeviceGetPowerUsage"] // per_poll
+        return fx.counts()["nvmlDeviceGetTemperatureV"] // per_poll
 
     health: list[int] = []
 

@@ -16,7 +16,7 @@ from daemon import Daemon, fake_env
 
 GOLDEN = Path(__file__).parent / "golden"
 # Samples whose values differ from run to run; their HELP/TYPE lines stay in the file.
-VOLATILE = re.compile(r"^(process_\w+|gpuwatch_build_info|gpuwatch_poll_duration_seconds|"
+VOLATILE = re.compile(r"^(process_\w+|gpuwatch_build_info|gpuwatch_poll_duration_seconds|gpuwatch_collector_duration_seconds|"
                       r"gpuwatch_last_poll_timestamp_seconds|gpuwatch_anomaly_since_timestamp_seconds)(\{| )")
 
 

@@ -56,11 +56,12 @@ def test_healthy_h200_node(start):
     assert sorted(i["uuid"] for i in info) == sorted(g.uuid for g in node.gpus)
     assert {i["architecture"] for i in info} == {"hopper"}
     # NOT_SUPPORTED was probed once and never polled again
+    wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= 8 * 4, what="the probe and 3 polls")
     counts = d.fx.counts()
-    polls = counts["nvmlDeviceGetPowerUsage"] // 8
-    assert polls >= 3
     assert counts["nvmlDeviceGetNumFans"] == 8
     assert counts.get("nvmlDeviceGetFanSpeed_v2", 0) == 0
+    # the power draw comes in the field-values batch (NVML_FI_DEV_POWER_AVERAGE): no call of its own
+    assert counts.get("nvmlDeviceGetPowerUsage", 0) == 0
 
 
 def test_consumer_card_with_two_fans(start):
@@ -136,7 +137,7 @@ def test_blocked_call_makes_data_stale_not_the_endpoint(start):
     node = fakenvml.FakeNode.h200(2)
     d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
-    node.block("nvmlDeviceGetPowerUsage", None, gpu=1)  # blocks until the line is removed
+    node.block("nvmlDeviceGetTemperatureV", None, gpu=1)  # blocks until the line is removed
     d.fx.write(node)
     d.wait_value("gpuwatch_temperature_celsius", None, **labels(node, 0, sensor="gpu"))
     assert d.value("gpuwatch_poll_success", tier="fast") == 0
@@ -144,12 +145,12 @@ def test_blocked_call_makes_data_stale_not_the_endpoint(start):
     assert status == 503 and "last fast poll completed" in body
     wait_for(lambda: [e for e in d.events() if e["event"] == "poll_overrun" and e["tier"] == "fast"])
     assert len([e for e in d.events() if e["event"] == "poll_overrun" and e["tier"] == "fast"]) == 1
-    calls_while_blocked = d.fx.counts()["nvmlDeviceGetPowerUsage"]
-    node.unblock("nvmlDeviceGetPowerUsage", gpu=1)
+    calls_while_blocked = d.fx.counts()["nvmlDeviceGetTemperatureV"]
+    node.unblock("nvmlDeviceGetTemperatureV", gpu=1)
     d.fx.write(node)
     d.wait_value("gpuwatch_temperature_celsius", node.gpus[0].temperature, **labels(node, 0, sensor="gpu"))
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
-    assert d.fx.counts()["nvmlDeviceGetPowerUsage"] > calls_while_blocked
+    assert d.fx.counts()["nvmlDeviceGetTemperatureV"] > calls_while_blocked
 
 
 def test_old_driver_falls_back_to_older_apis(start):
@@ -171,11 +172,17 @@ def test_old_driver_falls_back_to_older_apis(start):
 
 
 def test_not_supported_single_readings_are_absent(start):
-    node = fakenvml.FakeNode.h200(2)
+    """GPU 1 has neither the average-power field nor GetPowerUsage, nor the memory temperature: absent,
+    feature 0. GPU 2 lacks only the field (a driver before R535): its power comes from GetPowerUsage."""
+    node = fakenvml.FakeNode.h200(3)
     node.gpus[1].set_error("nvmlDeviceGetPowerUsage", 3)
+    node.gpus[1].set_field_error(185, 3)  # NVML_FI_DEV_POWER_AVERAGE
     node.gpus[1].set_field_error(82, 3)  # memory temperature
+    node.gpus[2].set_field_error(185, 3)
     d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    assert d.value("gpuwatch_power_watts", **labels(node, 2)) == node.gpus[2].power_mw / 1000
+    assert d.fx.counts()["nvmlDeviceGetPowerUsage"] >= 2  # GPU 1's probe and GPU 2's polls
     assert d.value("gpuwatch_power_watts", **labels(node, 1)) is None
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="power")) == 0
     assert d.value("gpuwatch_temperature_celsius", **labels(node, 1, sensor="memory")) is None

@@ -321,7 +321,7 @@ def test_thermal_runaway_ignores_warming_up_to_a_plateau_and_rises_far_from_slow
     """A job start warming the GPU toward a steady 80 °C (levelling off) does not fire, nor a fast
     rise at 50 °C (outside the 15 °C watch margin), nor too little history."""
     levelling = _temperature_trace(lambda t: 80 - 12 * math.exp(-(t + 60) / 40))
-    temp = levelling[0][-1][1].temperature_celsius
+    temp = levelling[0][-1][1].thermal.temperature_celsius
     assert not evaluate("thermal_runaway", window(snapshot(gpu(0, h200_fast(temp))), history=levelling)).active
     far = _temperature_trace(lambda t: 50 + 0.3 * t)
     assert not evaluate("thermal_runaway", window(snapshot(gpu(0, h200_fast(50.0))), history=far)).active

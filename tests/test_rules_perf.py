@@ -55,7 +55,7 @@ def ref_series(items, now, seconds):
 def ref_counter_share(series, reasons):
     best = None
     for reason in reasons:
-        points = [(t, s.clocks_event_seconds[reason]) for t, s in series if reason in s.clocks_event_seconds]
+        points = [(t, s.clocks.clocks_event_seconds[reason]) for t, s in series if reason in s.clocks.clocks_event_seconds]
         if len(points) < 2:
             continue
         (t0, v0), (t1, v1) = points[0], points[-1]
@@ -71,7 +71,7 @@ def ref_sample_share(series, reasons, unless=()):
         return None
     hits = 0
     for _, sample in series:
-        active = sample.clocks_event_active
+        active = sample.clocks.clocks_event_active
         if any(active.get(r, False) for r in reasons) and not any(active.get(r, False) for r in unless):
             hits += 1
     return hits / len(series)
@@ -100,19 +100,19 @@ def ref_sample_near(items, now, when, staleness):
 def ref_thermal_outlier(window, uuid, config):
     fast = window.fast(uuid)
     state = window.gpu(uuid)
-    if fast is None or state is None or fast.power_watts is None or fast.temperature_celsius is None:
+    if fast is None or state is None or fast.power.power_watts is None or fast.thermal.temperature_celsius is None:
         return None
-    power, temp = fast.power_watts, fast.temperature_celsius
+    power, temp = fast.power.power_watts, fast.thermal.temperature_celsius
     tolerance = max(config["power_tolerance_ratio"] * power, config["power_tolerance_watts"])
     temps = []
     for other, sample in window.peers(uuid):
         peer = window.gpu(other)
         if peer is None or peer.identity.name != state.identity.name:
             continue
-        if sample.power_watts is None or sample.temperature_celsius is None:
+        if sample.power.power_watts is None or sample.thermal.temperature_celsius is None:
             continue
-        if abs(sample.power_watts - power) <= tolerance:
-            temps.append(sample.temperature_celsius)
+        if abs(sample.power.power_watts - power) <= tolerance:
+            temps.append(sample.thermal.temperature_celsius)
     if len(temps) < config["min_peers"] or not temps:
         return None
     median = statistics.median(temps)
@@ -187,7 +187,7 @@ def test_windowed_helpers_match_the_reference_through_append_trim_and_compaction
             unless = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
             assert sample_share(win, uuid, ("hw_slowdown",), seconds, unless=unless) == \
                 ref_sample_share(series, ("hw_slowdown",), unless)
-            points = [(pt, s.temperature_celsius) for pt, s in series if s.temperature_celsius is not None]
+            points = [(pt, s.thermal.temperature_celsius) for pt, s in series if s.thermal.temperature_celsius is not None]
             expected = ref_block_means(points, now - seconds, seconds / 3) if points else None
             assert thermal._block_means(win, uuid, seconds) == expected, (step, seconds)
         when = t - rng.choice([0.0, 1.0, 4.0, 6.0, 20.0, 31.0])
@@ -303,7 +303,7 @@ def test_the_latest_snapshot_wins_over_one_taken_earlier_and_evaluated_later():
     engine.evaluate(snapshot_of([state_of(0, new, 1002.0)], 1002.0))
     engine.evaluate(snapshot_of([state_of(0, old, 1000.0)], 1000.0), now=1002.5)
     history = engine._history[identity(0).uuid]
-    assert [(t, s.temperature_celsius) for t, s in history.items] == [(1002.0, 51.0)]
+    assert [(t, s.thermal.temperature_celsius) for t, s in history.items] == [(1002.0, 51.0)]
 
 
 def test_history_keeps_only_what_rules_look_back_at():
@@ -313,9 +313,9 @@ def test_history_keeps_only_what_rules_look_back_at():
     sample = fast_sample(temperature_celsius=51.0)
     engine.evaluate(snapshot_of([state_of(0, sample, 1002.0)], 1002.0))
     [(_, kept)] = engine._history[identity(0).uuid].items
-    assert (kept.clock_hertz, kept.memory_used_bytes, kept.energy_joules, kept.performance_state) == ({}, None, None, None)
-    assert (kept.temperature_celsius, kept.power_watts, kept.utilization_ratio, kept.clocks_event_seconds) == (
-        sample.temperature_celsius, sample.power_watts, sample.utilization_ratio, sample.clocks_event_seconds)
+    assert (kept.clocks.clock_hertz, kept.memory.memory_used_bytes, kept.power.energy_joules, kept.power.performance_state) == ({}, None, None, None)
+    assert (kept.thermal.temperature_celsius, kept.power.power_watts, kept.utilization.utilization_ratio, kept.clocks.clocks_event_seconds) == (
+        sample.thermal.temperature_celsius, sample.power.power_watts, sample.utilization.utilization_ratio, sample.clocks.clocks_event_seconds)
 
 
 # ------------------------------------------------------------------------------------ memory

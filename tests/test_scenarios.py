@@ -225,7 +225,7 @@ def test_backend_down_and_unlisted_faults():
     with pytest.raises(DeviceLost):
         backend.read_fast(second)
     clock.advance(10)
-    assert len(backend.discover()) == 2 and backend.read_fast(second).temperature_celsius is not None
+    assert len(backend.discover()) == 2 and backend.read_fast(second).thermal.temperature_celsius is not None
 
 
 def test_slow_tier_faults_change_the_readings_they_should():
@@ -233,14 +233,14 @@ def test_slow_tier_faults_change_the_readings_they_should():
     clock, backend, (a, b) = _node([Fault("pcie_downtrain", 0, 10, 20), Fault("pcie_replays", 1, 10, 130),
                                     Fault("row_remap_failure", 0, 30, 40), Fault("row_remap_pending", 1, 30, 40)])
     clock.advance(15)
-    assert backend.read_slow(a).pcie_link_width == {"current": 8, "max": 16}
+    assert backend.read_slow(a).pcie.pcie_link_width == {"current": 8, "max": 16}
     clock.advance(75)  # 80 s of 30 replays a minute
-    assert backend.read_slow(b).pcie_replays == 40
-    assert backend.read_slow(a).remapped_rows_failed is False
+    assert backend.read_slow(b).pcie.pcie_replays == 40
+    assert backend.read_slow(a).ecc.remapped_rows_failed is False
     clock.advance(45)  # after the replays' end: the reset zeroed the counter
-    assert backend.read_slow(b).pcie_replays == 0
+    assert backend.read_slow(b).pcie.pcie_replays == 0
     clock2, backend2, (c, _) = _node([Fault("row_remap_failure", 0, 30, 40), Fault("row_remap_pending", 1, 30, 40)])
     clock2.advance(31)
     slow_c = backend2.read_slow(c)
-    assert slow_c.remapped_rows_failed is True and slow_c.remapped_rows_pending is False
+    assert slow_c.ecc.remapped_rows_failed is True and slow_c.ecc.remapped_rows_pending is False
     assert [e.xid for e in backend2.wait_events(0)] == [64, 63]

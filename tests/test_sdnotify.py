@@ -63,7 +63,7 @@ def test_daemon_notifies_ready_status_watchdog_and_stopping_even_with_a_wedged_g
         wait_for(lambda: any("READY=1" in m for m in drain()), what="READY=1")
         ready = next(m for m in messages if "READY=1" in m)
         assert "STATUS=2 GPUs, 0 anomalies, last poll" in ready
-        node.block("nvmlDeviceGetPowerUsage", None, gpu=0)
+        node.block("nvmlDeviceGetTemperatureV", None, gpu=0)
         fx.write(node)
         d.wait_value("gpuwatch_poll_success", 0, tier="fast")
         count = len([m for m in drain() if m == "WATCHDOG=1"])

@@ -102,7 +102,7 @@ def test_gpus_run_different_job_sequences():
     for _ in range(120):
         clock.advance(10)
         for uuid in uuids:
-            traces[uuid].append(backend.read_fast(uuid).utilization_ratio["gpu"])
+            traces[uuid].append(backend.read_fast(uuid).utilization.utilization_ratio["gpu"])
     first, second = traces.values()
     assert first != second
     for values in traces.values():
@@ -120,12 +120,12 @@ def test_gpu_heats_under_load_and_cools_at_idle():
     clock, backend, (uuid,) = make(faults=faults)
     samples = dict(trace(clock, backend, uuid, 1200, every=10))
     start, hot, cool = samples[0.0], samples[390.0], samples[1190.0]
-    assert hot.temperature_celsius > start.temperature_celsius + 20
-    assert 55 <= hot.temperature_celsius <= 80  # plausible next to the captures
-    assert hot.temperature_celsius - samples[300.0].temperature_celsius <= 2  # plateau
-    assert cool.temperature_celsius < hot.temperature_celsius - 20
-    assert cool.temperature_celsius <= 35
-    assert cool.clocks_event_active["gpu_idle"] and not hot.clocks_event_active["gpu_idle"]
+    assert hot.thermal.temperature_celsius > start.thermal.temperature_celsius + 20
+    assert 55 <= hot.thermal.temperature_celsius <= 80  # plausible next to the captures
+    assert hot.thermal.temperature_celsius - samples[300.0].thermal.temperature_celsius <= 2  # plateau
+    assert cool.thermal.temperature_celsius < hot.thermal.temperature_celsius - 20
+    assert cool.thermal.temperature_celsius <= 35
+    assert cool.clocks.clocks_event_active["gpu_idle"] and not hot.clocks.clocks_event_active["gpu_idle"]
 
 
 def test_fan_target_follows_temperature_and_speed_follows_target():
@@ -136,7 +136,7 @@ def test_fan_target_follows_temperature_and_speed_follows_target():
     for _, sample in samples:
         (fan,) = sample.fans
         assert fan.target_speed_ratio == pytest.approx(
-            fan_curve(sample.temperature_celsius), abs=0.02
+            fan_curve(sample.thermal.temperature_celsius), abs=0.02
         )
         assert fan.speed_ratio == pytest.approx(fan.target_speed_ratio, abs=0.03)
         assert fan.speed_rpm == pytest.approx(fan.speed_ratio * 4800, abs=30)
@@ -164,19 +164,19 @@ def test_power_is_capped_at_the_enforced_limit():
     """A load that would draw more than the limit draws exactly the limit, with sw_power_cap."""
     faults = [burn(0, 0, 200), burn(0, 200, 400, utilization=0.6)]
     clock, backend, (uuid,) = make(faults=faults)
-    limit = backend.read_slow(uuid).power_limit_watts["enforced"]
+    limit = backend.read_slow(uuid).power.power_limit_watts["enforced"]
     samples = dict(trace(clock, backend, uuid, 400, every=10))
     capped, uncapped = samples[150.0], samples[350.0]
     assert limit == 300.0
-    assert capped.power_watts == limit
-    assert capped.clocks_event_active["sw_power_cap"]
-    assert capped.clock_hertz["graphics"] < 2505e6
-    assert capped.performance_state == 0
-    assert uncapped.power_watts < limit - 50
-    assert not uncapped.clocks_event_active["sw_power_cap"]
-    assert uncapped.clock_hertz["graphics"] == 2505e6
-    assert all(s.power_watts <= limit for s in samples.values())
-    cap_seconds = [samples[t].clocks_event_seconds["sw_power_cap"] for t in (100.0, 190.0, 390.0)]
+    assert capped.power.power_watts == limit
+    assert capped.clocks.clocks_event_active["sw_power_cap"]
+    assert capped.clocks.clock_hertz["graphics"] < 2505e6
+    assert capped.power.performance_state == 0
+    assert uncapped.power.power_watts < limit - 50
+    assert not uncapped.clocks.clocks_event_active["sw_power_cap"]
+    assert uncapped.clocks.clock_hertz["graphics"] == 2505e6
+    assert all(s.power.power_watts <= limit for s in samples.values())
+    cap_seconds = [samples[t].clocks.clocks_event_seconds["sw_power_cap"] for t in (100.0, 190.0, 390.0)]
     assert cap_seconds[1] - cap_seconds[0] == pytest.approx(90, abs=1)
     assert cap_seconds[2] - cap_seconds[1] == pytest.approx(10, abs=1)  # only until 200 s
 
@@ -185,13 +185,13 @@ def test_energy_counter_integrates_power():
     """The energy counter grows by the integral of the power draw."""
     clock, backend, (uuid,) = make(gpu_count=1, seed=3)
     samples = trace(clock, backend, uuid, 900, every=1)
-    integral = sum(s.power_watts for _, s in samples[1:])  # 1 s steps
-    gained = samples[-1][1].energy_joules - samples[0][1].energy_joules
+    integral = sum(s.power.power_watts for _, s in samples[1:])  # 1 s steps
+    gained = samples[-1][1].power.energy_joules - samples[0][1].power.energy_joules
     assert gained == pytest.approx(integral, rel=1e-4)
     # coarser polling, trapezoid estimate
     coarse = samples[::5]
     estimate = sum(
-        (a.power_watts + b.power_watts) / 2 * (tb - ta)
+        (a.power.power_watts + b.power.power_watts) / 2 * (tb - ta)
         for (ta, a), (tb, b) in zip(coarse, coarse[1:])
     )
     assert gained == pytest.approx(estimate, rel=0.03)
@@ -206,26 +206,27 @@ def test_idle_and_busy_states_look_like_the_captures():
     clock.advance(150)
     busy, busy_slow = backend.read_fast(uuid), backend.read_slow(uuid)
 
-    assert idle.performance_state == 8
-    assert idle.clock_hertz == {"graphics": 210e6, "sm": 210e6, "memory": 405e6, "video": 1185e6}
-    assert {k for k, v in idle.clocks_event_active.items() if v} == {"gpu_idle"}
-    assert idle.memory_used_bytes == 0
-    assert idle.power_watts == pytest.approx(24, abs=2)
-    assert idle_slow.pcie_link_generation == {"current": 1, "max": 4}
+    assert idle.power.performance_state == 8
+    assert idle.clocks.clock_hertz == {"graphics": 210e6, "sm": 210e6, "memory": 405e6}
+    assert idle_slow.clocks.clock_hertz == {"video": 1185e6}  # the video clock is read in the slow tier
+    assert {k for k, v in idle.clocks.clocks_event_active.items() if v} == {"gpu_idle"}
+    assert idle.memory.memory_used_bytes == 0
+    assert idle.power.power_watts == pytest.approx(24, abs=2)
+    assert idle_slow.pcie.pcie_link_generation == {"current": 1, "max": 4}
 
-    assert busy.performance_state == 0
-    assert busy.clock_hertz["graphics"] == 2505e6 and busy.clock_hertz["memory"] == 10001e6
-    assert not any(busy.clocks_event_active.values())
-    assert busy_slow.pcie_link_generation == {"current": 4, "max": 4}
-    assert busy_slow.pcie_link_width == {"current": 16, "max": 16}
-    assert busy.memory_used_bytes > 10 * 1024**3
-    assert 0 < busy.utilization_ratio["memory"] < busy.utilization_ratio["gpu"]
-    assert busy.utilization_ratio["encoder"] == busy.utilization_ratio["decoder"] == 0.0
+    assert busy.power.performance_state == 0
+    assert busy.clocks.clock_hertz["graphics"] == 2505e6 and busy.clocks.clock_hertz["memory"] == 10001e6
+    assert not any(busy.clocks.clocks_event_active.values())
+    assert busy_slow.pcie.pcie_link_generation == {"current": 4, "max": 4}
+    assert busy_slow.pcie.pcie_link_width == {"current": 16, "max": 16}
+    assert busy.memory.memory_used_bytes > 10 * 1024**3
+    assert 0 < busy.utilization.utilization_ratio["memory"] < busy.utilization.utilization_ratio["gpu"]
+    assert busy_slow.utilization.utilization_ratio == {"encoder": 0.0, "decoder": 0.0}
     for sample in (idle, busy):
-        assert sample.memory_total_bytes == 46068 * 1024**2
+        assert sample.memory.memory_total_bytes == 46068 * 1024**2
         assert (
-            sample.memory_free_bytes
-            == sample.memory_total_bytes - sample.memory_reserved_bytes - sample.memory_used_bytes
+            sample.memory.memory_free_bytes
+            == sample.memory.memory_total_bytes - sample.memory.memory_reserved_bytes - sample.memory.memory_used_bytes
         )
 
 
@@ -245,20 +246,20 @@ def test_h200_has_no_fans_and_reports_the_t_limit_scale():
 
     for _, fast in trace(clock, backend, uuid, 600, every=30):
         assert fast.fans == ()
-        assert fast.temperature_margin_celsius == 87 - fast.temperature_celsius
-        assert fast.memory_temperature_celsius is not None
+        assert fast.thermal.temperature_margin_celsius == 87 - fast.thermal.temperature_celsius
+        assert fast.thermal.memory_temperature_celsius is not None
     slow = backend.read_slow(uuid)
-    assert slow.temperature_threshold_celsius == {}
-    assert slow.temperature_margin_threshold_celsius == {
+    assert slow.thermal.temperature_threshold_celsius == {}
+    assert slow.thermal.temperature_margin_threshold_celsius == {
         "shutdown": -8.0,
         "slowdown": -2.0,
         "gpu_max": 0.0,
         "memory_max": 0.0,
     }
-    assert slow.power_limit_watts == {"enforced": 700.0, "default": 700.0, "min": 200.0, "max": 700.0}
-    assert slow.pcie_link_generation == {"current": 5, "max": 5}
-    assert fast.memory_total_bytes == 143771 * 1024**2
-    assert 45 <= fast.temperature_celsius <= 60  # 52 °C at 628 W in the capture
+    assert slow.power.power_limit_watts == {"enforced": 700.0, "default": 700.0, "min": 200.0, "max": 700.0}
+    assert slow.pcie.pcie_link_generation == {"current": 5, "max": 5}
+    assert fast.memory.memory_total_bytes == 143771 * 1024**2
+    assert 45 <= fast.thermal.temperature_celsius <= 60  # 52 °C at 628 W in the capture
     assert temperature_thresholds(fast, slow) == {"shutdown": 95.0, "slowdown": 89.0, "gpu_max": 87.0}
 
 
@@ -267,36 +268,40 @@ def test_h200_idles_like_the_capture():
     clock, backend, (uuid,) = make(profile="h200", faults=[burn(0, 0, 900, utilization=0.0)])
     clock.advance(600)
     fast = backend.read_fast(uuid)
-    assert fast.power_watts == pytest.approx(77, abs=3)
-    assert 24 <= fast.temperature_celsius <= 33
-    assert fast.clock_hertz == {"graphics": 345e6, "sm": 345e6, "memory": 3201e6, "video": 765e6}
-    assert fast.clocks_event_active["gpu_idle"]
-    assert fast.clocks_event_seconds["low_utilization"] > 0
+    assert fast.power.power_watts == pytest.approx(77, abs=3)
+    assert 24 <= fast.thermal.temperature_celsius <= 33
+    assert fast.clocks.clock_hertz == {"graphics": 345e6, "sm": 345e6, "memory": 3201e6}
+    assert backend.read_slow(uuid).clocks.clock_hertz == {"video": 765e6}
+    assert fast.clocks.clocks_event_active["gpu_idle"]
+    # the throttle-time counters nvidia-smi prints, not the perf-policy ones (low_utilization...)
+    assert set(fast.clocks.clocks_event_seconds) == {"sw_power_cap", "sync_boost", "sw_thermal_slowdown",
+                                                     "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 
 
 def _present(feature: str, fast: FastSample, slow: SlowSample) -> bool:
     fans = fast.fans
     return {
-        "clocks_event_reasons": bool(fast.clocks_event_active),
-        "clocks_event_time": bool(fast.clocks_event_seconds),
-        "ecc": bool(slow.ecc_errors),
-        "energy": fast.energy_joules is not None,
+        "clocks_event_reasons": bool(fast.clocks.clocks_event_active),
+        "clocks_event_time": bool(fast.clocks.clocks_event_seconds),
+        "ecc": bool(slow.ecc.ecc_errors),
+        "energy": fast.power.energy_joules is not None,
         "fan": bool(fans) and all(f.speed_ratio is not None for f in fans),
         "fan_rpm": bool(fans) and all(f.speed_rpm is not None for f in fans),
         "fan_target": bool(fans) and all(f.target_speed_ratio is not None for f in fans),
-        "memory_temperature": fast.memory_temperature_celsius is not None,
-        "pcie": bool(slow.pcie_link_generation)
-        and bool(slow.pcie_link_width)
-        and slow.pcie_replays is not None,
-        "power": fast.power_watts is not None,
-        "power_limit": bool(slow.power_limit_watts),
-        "remapped_rows": bool(slow.remapped_rows)
-        and slow.remapped_rows_pending is not None
-        and slow.remapped_rows_failed is not None,
-        "retired_pages": slow.retired_pages_pending is not None,
-        "temperature_margin": fast.temperature_margin_celsius is not None
-        and bool(slow.temperature_margin_threshold_celsius),
-        "utilization": set(fast.utilization_ratio) == {"gpu", "memory", "encoder", "decoder"},
+        "memory_temperature": fast.thermal.memory_temperature_celsius is not None,
+        "pcie": bool(slow.pcie.pcie_link_generation)
+        and bool(slow.pcie.pcie_link_width)
+        and slow.pcie.pcie_replays is not None,
+        "power": fast.power.power_watts is not None,
+        "power_limit": bool(slow.power.power_limit_watts),
+        "remapped_rows": bool(slow.ecc.remapped_rows)
+        and slow.ecc.remapped_rows_pending is not None
+        and slow.ecc.remapped_rows_failed is not None,
+        "retired_pages": slow.ecc.retired_pages_pending is not None,
+        "temperature_margin": fast.thermal.temperature_margin_celsius is not None
+        and bool(slow.thermal.temperature_margin_threshold_celsius),
+        "utilization": set(fast.utilization.utilization_ratio) == {"gpu", "memory"}
+        and set(slow.utilization.utilization_ratio) == {"encoder", "decoder"},
     }[feature]
 
 
@@ -316,12 +321,12 @@ def test_features_match_what_the_samples_contain(profile):
                 if feature == "xid_events":
                     continue
                 assert _present(feature, fast, slow) == supported, feature
-            assert fast.temperature_celsius is not None
-            assert set(fast.clock_hertz) == set(CLOCKS)
-            assert set(fast.clocks_event_active) == set(CLOCKS_EVENT_REASON_BITS)
-            assert set(fast.clocks_event_seconds) <= set(CLOCKS_EVENT_TIME_REASONS)
-            assert set(slow.temperature_threshold_celsius) <= set(THRESHOLDS)
-            assert set(slow.temperature_margin_threshold_celsius) <= set(THRESHOLDS)
+            assert fast.thermal.temperature_celsius is not None
+            assert set(fast.clocks.clock_hertz) | set(slow.clocks.clock_hertz) == set(CLOCKS)
+            assert set(fast.clocks.clocks_event_active) == set(CLOCKS_EVENT_REASON_BITS)
+            assert set(fast.clocks.clocks_event_seconds) <= set(CLOCKS_EVENT_TIME_REASONS)
+            assert set(slow.thermal.temperature_threshold_celsius) <= set(THRESHOLDS)
+            assert set(slow.thermal.temperature_margin_threshold_celsius) <= set(THRESHOLDS)
             assert fast.errors == () and slow.errors == ()
 
 
@@ -337,10 +342,10 @@ def test_rtx6000_profile_facts():
     assert not gpu.features["remapped_rows"] and not gpu.features["retired_pages"]
     fast, slow = backend.read_fast(uuid), backend.read_slow(uuid)
     assert len(fast.fans) == 1
-    assert slow.temperature_threshold_celsius == {"shutdown": 100.0, "slowdown": 95.0, "gpu_max": 90.0}
-    assert slow.temperature_margin_threshold_celsius == {}
-    assert slow.power_limit_watts["enforced"] == 300.0
-    assert slow.ecc_errors == {
+    assert slow.thermal.temperature_threshold_celsius == {"shutdown": 100.0, "slowdown": 95.0, "gpu_max": 90.0}
+    assert slow.thermal.temperature_margin_threshold_celsius == {}
+    assert slow.power.power_limit_watts["enforced"] == 300.0
+    assert slow.ecc.ecc_errors == {
         ("corrected", "volatile"): 0,
         ("corrected", "aggregate"): 0,
         ("uncorrected", "volatile"): 0,
@@ -382,7 +387,7 @@ def test_fan_stall_signature():
     late = samples[355.0]
     assert late.fans[0].target_speed_ratio >= 0.9
     assert late.fans[0].target_speed_ratio > before.fans[0].target_speed_ratio + 0.2
-    assert late.temperature_celsius > before.temperature_celsius + 12
+    assert late.thermal.temperature_celsius > before.thermal.temperature_celsius + 12
     assert samples[395.0].fans[0].speed_ratio > 0.8  # spinning again
 
 
@@ -399,29 +404,29 @@ def test_cooling_failure_signature(profile):
     samples = dict(trace(clock, backend, uuid, 800, every=2))
     healthy = samples[118.0]
     slowdown = _absolute(backend, uuid, healthy)["slowdown"]
-    max_graphics = backend.read_slow(uuid).clock_max_hertz["graphics"]
-    assert not healthy.clocks_event_active["hw_thermal_slowdown"]
-    assert healthy.clocks_event_seconds["hw_thermal_slowdown"] == 0
+    max_graphics = backend.read_slow(uuid).clocks.clock_max_hertz["graphics"]
+    assert not healthy.clocks.clocks_event_active["hw_thermal_slowdown"]
+    assert healthy.clocks.clocks_event_seconds["hw_thermal_slowdown"] == 0
 
-    onset = min(t for t, s in samples.items() if s.clocks_event_active["hw_thermal_slowdown"])
+    onset = min(t for t, s in samples.items() if s.clocks.clocks_event_active["hw_thermal_slowdown"])
     assert 120 < onset < 300
-    assert samples[onset].temperature_celsius >= slowdown
+    assert samples[onset].thermal.temperature_celsius >= slowdown
     shutdown = _absolute(backend, uuid, healthy)["shutdown"]
     for t in range(int(onset) + 20, 480, 2):
         s = samples[float(t)]
-        active = s.clocks_event_active
+        active = s.clocks.clocks_event_active
         assert active["hw_thermal_slowdown"] and active["sw_thermal_slowdown"] and active["hw_slowdown"]
-        assert s.clock_hertz["graphics"] <= 0.55 * max_graphics
-        assert s.power_watts < 0.7 * healthy.power_watts
-        assert slowdown - 5 <= s.temperature_celsius < shutdown
-    seconds = [samples[t].clocks_event_seconds for t in (300.0, 400.0)]
-    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "thermal"):
+        assert s.clocks.clock_hertz["graphics"] <= 0.55 * max_graphics
+        assert s.power.power_watts < 0.7 * healthy.power.power_watts
+        assert slowdown - 5 <= s.thermal.temperature_celsius < shutdown
+    seconds = [samples[t].clocks.clocks_event_seconds for t in (300.0, 400.0)]
+    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
         assert seconds[1][reason] - seconds[0][reason] == pytest.approx(100, abs=1)
 
     recovered = samples[800.0]
-    assert not recovered.clocks_event_active["hw_thermal_slowdown"]
-    assert not recovered.clocks_event_active["sw_thermal_slowdown"]
-    assert recovered.temperature_celsius < slowdown - 30
+    assert not recovered.clocks.clocks_event_active["hw_thermal_slowdown"]
+    assert not recovered.clocks.clocks_event_active["sw_thermal_slowdown"]
+    assert recovered.thermal.temperature_celsius < slowdown - 30
 
 
 def test_fell_off_bus_signature():
@@ -444,7 +449,7 @@ def test_fell_off_bus_signature():
     assert lost_at == list(range(100, 200))
     assert [(e.uuid, e.xid, e.timestamp) for e in events] == [(lost, 79, WALL0 + 100)]
     back = backend.read_fast(lost)
-    assert back.utilization_ratio is not None and back.temperature_celsius is not None
+    assert back.utilization.utilization_ratio is not None and back.thermal.temperature_celsius is not None
 
 
 def test_xid_fault_emits_one_event_with_its_code():
@@ -470,15 +475,15 @@ def test_power_brake_signature():
     clock, backend, (uuid,) = make(profile="h200", faults=faults)
     samples = dict(trace(clock, backend, uuid, 400, every=10))
     before, during, after = samples[90.0], samples[200.0], samples[350.0]
-    assert not before.clocks_event_active["hw_power_brake_slowdown"]
-    assert during.clocks_event_active["hw_power_brake_slowdown"]
-    assert during.clocks_event_active["hw_slowdown"]
-    assert not during.clocks_event_active["hw_thermal_slowdown"]
-    assert during.clock_hertz["graphics"] <= 0.35 * 1980e6
-    assert during.power_watts < 0.5 * before.power_watts
-    assert not after.clocks_event_active["hw_power_brake_slowdown"]
-    assert after.clock_hertz["graphics"] > 1500e6
-    brake = [samples[t].clocks_event_seconds["hw_power_brake_slowdown"] for t in (90.0, 350.0)]
+    assert not before.clocks.clocks_event_active["hw_power_brake_slowdown"]
+    assert during.clocks.clocks_event_active["hw_power_brake_slowdown"]
+    assert during.clocks.clocks_event_active["hw_slowdown"]
+    assert not during.clocks.clocks_event_active["hw_thermal_slowdown"]
+    assert during.clocks.clock_hertz["graphics"] <= 0.35 * 1980e6
+    assert during.power.power_watts < 0.5 * before.power.power_watts
+    assert not after.clocks.clocks_event_active["hw_power_brake_slowdown"]
+    assert after.clocks.clock_hertz["graphics"] > 1500e6
+    brake = [samples[t].clocks.clocks_event_seconds["hw_power_brake_slowdown"] for t in (90.0, 350.0)]
     assert brake[1] - brake[0] == pytest.approx(200, abs=1)
 
 
@@ -486,21 +491,21 @@ def test_ecc_uncorrectable_signature_with_row_remapping():
     """ecc_uncorrectable on H200: uncorrected counters up, a remap pending until the reset."""
     clock, backend, (uuid,) = make(profile="h200", faults=[Fault("ecc_uncorrectable", 0, 60, 200)])
     before = backend.read_slow(uuid)
-    assert before.ecc_errors[("uncorrected", "volatile")] == 0
-    assert before.remapped_rows_pending is False
+    assert before.ecc.ecc_errors[("uncorrected", "volatile")] == 0
+    assert before.ecc.remapped_rows_pending is False
     clock.advance(61)
     during = backend.read_slow(uuid)
-    assert during.ecc_errors[("uncorrected", "volatile")] == 2
-    assert during.ecc_errors[("uncorrected", "aggregate")] == 2
-    assert during.remapped_rows == {"correctable": 0, "uncorrectable": 1}
-    assert during.remapped_rows_pending is True
+    assert during.ecc.ecc_errors[("uncorrected", "volatile")] == 2
+    assert during.ecc.ecc_errors[("uncorrected", "aggregate")] == 2
+    assert during.ecc.remapped_rows == {"correctable": 0, "uncorrectable": 1}
+    assert during.ecc.remapped_rows_pending is True
     assert [e.xid for e in backend.wait_events(0)] == [94]
     clock.advance(200)
     after = backend.read_slow(uuid)
-    assert after.remapped_rows_pending is False
-    assert after.ecc_errors[("uncorrected", "volatile")] == 0
-    assert after.ecc_errors[("uncorrected", "aggregate")] == 2
-    assert after.remapped_rows["uncorrectable"] == 1
+    assert after.ecc.remapped_rows_pending is False
+    assert after.ecc.ecc_errors[("uncorrected", "volatile")] == 0
+    assert after.ecc.ecc_errors[("uncorrected", "aggregate")] == 2
+    assert after.ecc.remapped_rows["uncorrectable"] == 1
 
 
 def test_ecc_uncorrectable_without_row_remapping():
@@ -509,8 +514,8 @@ def test_ecc_uncorrectable_without_row_remapping():
     clock, backend, (uuid,) = make(faults=faults)
     clock.advance(20)
     slow = backend.read_slow(uuid)
-    assert slow.ecc_errors[("uncorrected", "aggregate")] == 5
-    assert slow.remapped_rows == {} and slow.remapped_rows_pending is None
+    assert slow.ecc.ecc_errors[("uncorrected", "aggregate")] == 5
+    assert slow.ecc.remapped_rows == {} and slow.ecc.remapped_rows_pending is None
     assert backend.wait_events(0) == []
 
 
@@ -550,7 +555,7 @@ def test_demo_tour_shows_each_anomaly_within_six_minutes_and_repeats():
         fan = backend.read_fast(uuids[2]).fans[0]
         if seen["fan"] is None and fan.speed_ratio <= 0.01 and fan.target_speed_ratio >= 0.5:
             seen["fan"] = t
-        if seen["throttle"] is None and backend.read_fast(uuids[5]).clocks_event_active[
+        if seen["throttle"] is None and backend.read_fast(uuids[5]).clocks.clocks_event_active[
             "hw_thermal_slowdown"
         ]:
             seen["throttle"] = t
@@ -562,7 +567,7 @@ def test_demo_tour_shows_each_anomaly_within_six_minutes_and_repeats():
         if t == DEMO_TOUR_SECONDS + 30:  # everything is back
             for uuid in uuids:
                 sample = backend.read_fast(uuid)
-                assert not sample.clocks_event_active["hw_thermal_slowdown"]
+                assert not sample.clocks.clocks_event_active["hw_thermal_slowdown"]
                 assert all(f.speed_ratio > 0.2 for f in sample.fans)
         clock.advance(2)
     assert all(t is not None and t < 360 for t in seen.values()), seen
@@ -613,12 +618,12 @@ def test_reopening_continues_the_same_node():
     """close() then open() reconnects: counters keep growing, identities stay."""
     clock, backend, (uuid,) = make()
     clock.advance(100)
-    energy = backend.read_fast(uuid).energy_joules
+    energy = backend.read_fast(uuid).power.energy_joules
     backend.close()
     clock.advance(100)
     backend.open()
     assert backend.discover()[0].identity.uuid == uuid
-    assert backend.read_fast(uuid).energy_joules > energy
+    assert backend.read_fast(uuid).power.energy_joules > energy
 
 
 def test_unknown_uuid_is_reported_as_lost():

@@ -1,6 +1,7 @@
-"""The NVML backend: the only module that imports pynvml (nvidia-ml-py).
+"""The NVML backend: the only module that imports pynvml (nvidia-ml-py), and the one funnel for every NVML call.
 
-Every NVML call goes through this module's funnel, which maps NVML errors to outcomes:
+The reading groups (gpuwatch/groups/) say what to probe and read, by the NVML functions' C names;
+this module resolves them, runs them and maps NVML errors to outcomes:
 
 - NOT_SUPPORTED, INVALID_ARGUMENT, NO_PERMISSION, FUNCTION_NOT_FOUND, DEPRECATED while probing:
   the GPU has no such reading. Probed once per GPU at discovery, cached, exported as
@@ -8,13 +9,14 @@ Every NVML call goes through this module's funnel, which maps NVML errors to out
 - GPU_IS_LOST: DeviceLost for that GPU; the others go on.
 - UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH: BackendUnavailable
   with a hint; the poller backs off and re-initialises.
-- anything else (UNKNOWN, TIMEOUT, ...): that reading is absent from this poll and its error name is
-  counted in gpuwatch_poll_errors_total.
+- anything else (UNKNOWN, TIMEOUT, ...): that reading is absent from this poll, its error name is
+  counted in gpuwatch_poll_errors_total and its group's gpuwatch_collector_success is 0.
 
-Newer APIs are tried first and older ones used on FUNCTION_NOT_FOUND (older driver):
-GetTemperatureV -> GetTemperature, GetCurrentClocksEventReasons -> GetCurrentClocksThrottleReasons,
-memory info v2 -> v1. Counters come in one nvmlDeviceGetFieldValues batch per tier, each entry's own
-return code and value type checked. Values are converted to base units here, at the edge.
+Only enabled groups are probed and read: a disabled group makes no NVML call at all. The groups'
+field ids of a tier are read in one nvmlDeviceGetFieldValues call per GPU and poll, on an array
+built once at discovery and reset from a pristine copy before each call (go-nvml #46: a reused
+buffer accumulates); each entry's own return code and value type are checked. Text is decoded
+here (``_Texts``): bytes that are not UTF-8 become U+FFFD and are counted, never an exception.
 """
 
 from __future__ import annotations
@@ -22,25 +24,17 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml as N
 
+from gpuwatch import groups
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.groups.base import NvmlReader, Unsupported
 from gpuwatch.logs import get_logger
-from gpuwatch.model import (
-    DiscoveredGpu,
-    DriverInfo,
-    FanReading,
-    FastSample,
-    GpuIdentity,
-    GpuProcess,
-    SlowSample,
-    XidEvent,
-    decode_clocks_event_reasons,
-)
+from gpuwatch.model import DiscoveredGpu, DriverInfo, FastSample, GpuIdentity, SlowSample, XidEvent
 
 ERROR_NAMES: dict[int, str] = {
     getattr(N, name): name[len("NVML_ERROR_"):].lower()
@@ -79,76 +73,6 @@ _ARCHITECTURES = {
     2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",
     9: "hopper", 10: "blackwell", 13: "rubin",
 }
-_CLOCK_TYPES = {"graphics": N.NVML_CLOCK_GRAPHICS, "sm": N.NVML_CLOCK_SM, "memory": N.NVML_CLOCK_MEM,
-                "video": N.NVML_CLOCK_VIDEO}
-_THRESHOLDS = {"shutdown": 0, "slowdown": 1, "memory_max": 2, "gpu_max": 3}
-_XID_EVENT = N.nvmlEventTypeXidCriticalError
-
-# field id -> (kind, key). Fast tier.
-_FAST_FIELDS: dict[int, tuple[str, str]] = {
-    82: ("memory_temperature", ""),
-    83: ("energy", ""),
-    74: ("throttle", "sw_power_cap"),
-    75: ("throttle", "thermal"),
-    76: ("throttle", "sync_boost"),
-    77: ("throttle", "board_limit"),
-    78: ("throttle", "low_utilization"),
-    79: ("throttle", "reliability"),
-    269: ("throttle", "sw_thermal_slowdown"),
-    270: ("throttle", "hw_thermal_slowdown"),
-    271: ("throttle", "hw_power_brake_slowdown"),
-}
-# Slow tier.
-_SLOW_FIELDS: dict[int, tuple[str, Any]] = {
-    3: ("ecc", ("corrected", "volatile")),
-    4: ("ecc", ("uncorrected", "volatile")),
-    5: ("ecc", ("corrected", "aggregate")),
-    6: ("ecc", ("uncorrected", "aggregate")),
-    31: ("retired_pending", None),
-    94: ("pcie_replays", None),
-    142: ("remap", "correctable"),
-    143: ("remap", "uncorrectable"),
-    144: ("remap_pending", None),
-    145: ("remap_failed", None),
-    193: ("tlimit", "shutdown"),
-    194: ("tlimit", "slowdown"),
-    195: ("tlimit", "memory_max"),
-    196: ("tlimit", "gpu_max"),
-}
-_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-
-
-def _field_value(entry: Any) -> float | int:
-    return getattr(entry.value, _VALUE_MEMBERS[entry.valueType])
-
-
-class _Unsupported(Exception):
-    """A probe found that the GPU has no such reading."""
-
-
-def _probe(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call once at discovery: the value, or _Unsupported. GPU_IS_LOST and lifecycle errors propagate."""
-    try:
-        return fn(*args)
-    except N.NVMLError as exc:
-        if exc.value in _UNSUPPORTED:
-            raise _Unsupported from None
-        raise
-
-
-def _first_supported(*candidates: tuple[Callable[..., Any], tuple[Any, ...]]) -> Callable[..., Any] | None:
-    """The first API that works (newest first). None if the GPU supports none of them."""
-    for fn, args in candidates:
-        try:
-            _probe(fn, *args)
-            return fn
-        except _Unsupported:
-            continue
-        except N.NVMLError:
-            return fn  # exists, failed for another reason: keep it, errors are counted when polled
-    return None
-
-
 class _Texts:
     """NVML's strings, decoded here and nowhere else.
 
@@ -180,6 +104,50 @@ class _Texts:
         return self.decode(what, ctypes.Structure.__getattribute__(struct, name))
 
 
+_XID_EVENT = groups.xid.XID_CRITICAL_ERROR
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+class _FieldValue(ctypes.Structure):
+    """nvmlFieldValue_t, laid out as pynvml's c_nvmlFieldValue_t but a plain ctypes Structure: pynvml's
+    printable structures decode bytes in a Python __getattribute__ on every attribute read."""
+
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", N.c_nvmlValue_t)]
+
+
+class _Batch:
+    """One GPU's field-values call for one tier: the ids fixed at discovery, the array built once."""
+
+    __slots__ = ("ids", "owners", "_pristine", "_buffer", "_size", "_count", "_fn")
+
+    def __init__(self, owners: Mapping[int, str]) -> None:
+        """``owners``: field id -> the group that reads it."""
+        self.ids = tuple(owners)
+        self.owners = dict(owners)
+        self._count = ctypes.c_int32(len(self.ids))
+        self._pristine = (_FieldValue * len(self.ids))()
+        for entry, fid in zip(self._pristine, self.ids):
+            entry.fieldId = fid
+        self._buffer = (_FieldValue * len(self.ids))()
+        self._size = ctypes.sizeof(self._pristine)
+        self._fn = N._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")  # after nvmlInit; pynvml caches it
+
+    def run(self, handle: Any) -> Any:
+        ctypes.memmove(self._buffer, self._pristine, self._size)
+        N._nvmlCheckReturn(self._fn(handle, self._count, self._buffer))
+        return self._buffer
+
+
+def _field_value(entry: Any) -> float | int | None:
+    kind = entry.valueType
+    if kind >= len(_VALUE_MEMBERS):
+        return None
+    return getattr(entry.value, _VALUE_MEMBERS[kind])
+
+
+# -- versioned calls pynvml does not wrap the way gpuwatch needs -------------------------------------
 def _fan_rpm(handle: Any, fan: int) -> int:
     # pynvml's wrapper hard-codes fan 0; build the versioned struct for any fan.
     info = N.c_nvmlFanSpeedInfo_t()
@@ -187,67 +155,103 @@ def _fan_rpm(handle: Any, fan: int) -> int:
     info.fan = fan
     fn = N._nvmlGetFunctionPointer("nvmlDeviceGetFanSpeedRPM")
     N._nvmlCheckReturn(fn(handle, ctypes.byref(info)))
-    return info.speed
+    return int(info.speed)
 
 
 def _memory_v2(handle: Any) -> Any:
     return N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
 
 
-def _temperature_v(handle: Any) -> int:
-    return N.nvmlDeviceGetTemperatureV(handle, N.NVML_TEMPERATURE_GPU)
+_OWN: Mapping[str, Callable[..., Any]] = {
+    "nvmlDeviceGetFanSpeedRPM": _fan_rpm,
+    "nvmlDeviceGetMemoryInfo_v2": _memory_v2,
+}
 
 
-def _temperature_v1(handle: Any) -> int:
-    return N.nvmlDeviceGetTemperature(handle, N.NVML_TEMPERATURE_GPU)
+def _resolve(function: str) -> Callable[..., Any] | None:
+    """The callable for an NVML C function name: the funnel's own wrapper, else pynvml's; None when
+    this binding has none (an older nvidia-ml-py): unsupported, like FUNCTION_NOT_FOUND."""
+    own = _OWN.get(function)
+    return own if own is not None else getattr(N, function, None)
 
 
 def _handle_key(handle: Any) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
-@dataclass
-class _Device:
-    """A GPU's handle and the capabilities probed once at discovery."""
+def _is_gone(code: int) -> bool:
+    """GPU_IS_LOST or the backend as a whole went away: errors that must not be taken for "unsupported"."""
+    return code == _LOST or (code in _BACKEND_GONE and code != N.NVML_ERROR_NO_PERMISSION)
 
-    handle: Any
-    identity: GpuIdentity
-    features: dict[str, bool] = field(default_factory=dict)
-    temperature: Callable[[Any], int] | None = None
-    margin: bool = False
-    fans: int = 0
-    fan_target: bool = False
-    fan_rpm: bool = False
-    power: bool = False
-    pstate: bool = False
-    utilization: bool = False
-    encoder: bool = False
-    decoder: bool = False
-    memory: Callable[[Any], Any] | None = None
-    clocks: tuple[tuple[str, int], ...] = ()
-    reasons: Callable[[Any], int] | None = None
-    supported_reasons: int = 0
-    fast_fields: tuple[int, ...] = ()
-    slow_fields: tuple[int, ...] = ()
-    thresholds: tuple[tuple[str, int], ...] = ()
-    power_limits: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
-    max_clocks: tuple[tuple[str, int], ...] = ()
-    pcie: bool = False
-    processes: Callable[[Any], Any] | None = None
+
+class _Probe:
+    """groups.base.Device for one GPU at discovery."""
+
+    def __init__(self, handle: Any, fields: frozenset[int], options: Mapping[str, Any]) -> None:
+        self.handle = handle
+        self.fields = fields  # the ids the GPU answered at discovery
+        self.options = options  # "<group>.<option>" -> value
+        self.features: dict[str, bool] = {}
+        self.used: dict[str, dict[int, str]] = {"fast": {}, "slow": {}}  # tier -> field id -> group
+        self.group = ""
+
+    def call(self, function: str, *args: Any) -> Any:
+        return (_resolve(function), (self.handle, *args))
+
+    def probe(self, call: Any) -> Any:
+        fn, args = call
+        if fn is None:
+            raise Unsupported
+        try:
+            return fn(*args)
+        except N.NVMLError as exc:
+            if exc.value in _UNSUPPORTED:
+                raise Unsupported from None
+            if _is_gone(exc.value):
+                raise
+            return None  # transient: polled anyway, its errors counted then
+
+    def supported(self, call: Any) -> bool:
+        try:
+            self.probe(call)
+            return True
+        except Unsupported:
+            return False
+
+    def first(self, *calls: Any) -> Any:
+        return next((call for call in calls if self.supported(call)), None)
+
+    def has_field(self, field_id: int) -> bool:
+        return field_id in self.fields
+
+    def field(self, field_id: int, tier: str) -> bool:
+        if field_id not in self.fields:
+            return False
+        self.used[tier][field_id] = self.group
+        return True
+
+    def feature(self, name: str, supported: bool) -> None:
+        self.features[name] = bool(supported)
+
+    def option(self, name: str) -> Any:
+        return self.options[f"{self.group}.{name}"]
 
 
 class _Query:
-    """Calls NVML for one GPU's poll: lost GPU and lifecycle errors raise, any other error leaves the
-    reading out and is remembered (by lowercase name) for gpuwatch_poll_errors_total."""
+    """groups.base.Query for one poll of one GPU: a lost GPU and lifecycle errors raise, any other error
+    leaves the reading out and is remembered (by lowercase name) for gpuwatch_poll_errors_total."""
 
-    __slots__ = ("_backend", "_uuid", "errors")
+    __slots__ = ("_backend", "_uuid", "errors", "_values", "field_errors")
 
     def __init__(self, backend: NvmlBackend, uuid: str) -> None:
         self._backend = backend
         self._uuid = uuid
         self.errors: list[str] = []
+        self._values: dict[int, float | int] = {}
+        self.field_errors: dict[str, int] = {}  # group -> failed entries of this poll's batch
 
-    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def __call__(self, call: Any) -> Any:
+        fn, args = call
         try:
             return fn(*args)
         except N.NVMLError as exc:
@@ -257,12 +261,59 @@ class _Query:
             self.errors.append(ERROR_NAMES.get(exc.value, "unknown"))
             return None
 
+    def field(self, field_id: int) -> float | int | None:
+        return self._values.get(field_id)
+
+    def load(self, batch: _Batch, handle: Any) -> None:
+        """Run the tier's one field-values call and keep the entries that succeeded."""
+        try:
+            entries = batch.run(handle)
+        except N.NVMLError as exc:
+            failure = self._backend._fail(exc, self._uuid)
+            if failure is not None:
+                raise failure from None
+            self.errors.append(ERROR_NAMES.get(exc.value, "unknown"))
+            for group in set(batch.owners.values()):
+                self.field_errors[group] = self.field_errors.get(group, 0) + 1
+            return
+        values = self._values
+        for entry in entries:
+            code = entry.nvmlReturn
+            value = _field_value(entry) if code == N.NVML_SUCCESS else None
+            if value is not None:
+                values[entry.fieldId] = value
+                continue
+            if code == _LOST:
+                raise DeviceLost(self._uuid, "NVML: GPU is lost")
+            self.errors.append(ERROR_NAMES.get(code, "unknown") if code != N.NVML_SUCCESS else "bad_value_type")
+            group = batch.owners.get(entry.fieldId, "")
+            self.field_errors[group] = self.field_errors.get(group, 0) + 1
+
+
+@dataclass
+class _Gpu:
+    """A GPU's handle and what its enabled groups probed at discovery."""
+
+    handle: Any
+    identity: GpuIdentity
+    features: dict[str, bool] = field(default_factory=dict)
+    fast: tuple[tuple[str, str, NvmlReader], ...] = ()  # (group, FastSample attribute, reader)
+    slow: tuple[tuple[str, str, NvmlReader], ...] = ()
+    batches: dict[str, _Batch] = field(default_factory=dict)  # tier -> its field-values call
+    events: bool = False  # registered for XID events
+
 
 class NvmlBackend:
     name = "nvml"
 
-    def __init__(self) -> None:
-        self._devices: dict[str, _Device] = {}
+    def __init__(self, enabled: Collection[str] = groups.DEFAULT_ENABLED,
+                 options: Mapping[str, Any] | None = None) -> None:
+        self._groups = tuple(g for g in groups.GROUPS if g.name in enabled and g.nvml is not None)
+        self._options = {f"{g.name}.{name}": default for g in groups.GROUPS
+                         for name, (default, _) in g.options.items()}
+        self._options.update(options or {})
+        self._field_ids = {fid: g.name for g in self._groups for fid in g.fields}
+        self._devices: dict[str, _Gpu] = {}
         self._by_handle: dict[int | None, str] = {}
         self._event_set: Any = None
         self._events_lock = threading.Lock()
@@ -338,36 +389,36 @@ class NvmlBackend:
         except N.NVMLError as exc:
             raise self._unavailable(exc) from None
         found: list[DiscoveredGpu] = []
-        devices: dict[str, _Device] = {}
+        devices: dict[str, _Gpu] = {}
         for index in range(count):
             texts = _Texts()
             try:
                 handle = N.nvmlDeviceGetHandleByIndex(index)
                 identity = self._identity(handle, index, texts)
             except N.NVMLError as exc:
-                if exc.value in _BACKEND_GONE and exc.value != N.NVML_ERROR_NO_PERMISSION:
+                if _is_gone(exc.value) and exc.value != _LOST:
                     raise self._unavailable(exc) from None
                 # The GPU cannot even be identified (lost, no permission): gpuwatch_gpus says how many are seen.
                 get_logger(component="nvml").error(
                     "gpu_unidentifiable", gpu=str(index), error=f"NVML: {exc}",
                     hint="the driver counts this GPU but cannot open it: check `nvidia-smi` and `dmesg`")
                 continue
-            device = _Device(handle=handle, identity=identity)
+            gpu = _Gpu(handle=handle, identity=identity)
             try:
-                self._probe_device(device)
+                self._probe(gpu)
             except N.NVMLError as exc:
-                if exc.value in _BACKEND_GONE and exc.value != N.NVML_ERROR_NO_PERMISSION:
+                if _is_gone(exc.value) and exc.value != _LOST:
                     raise self._unavailable(exc) from None
-                device.features = {}  # lost while probing: its polls report it down
-            devices[identity.uuid] = device
-            errors = ()
+                gpu.features, gpu.fast, gpu.slow, gpu.batches = {}, (), (), {}  # lost while probing: reported down
+            devices[identity.uuid] = gpu
+            errors: tuple[str, ...] = ()
             if texts.invalid:
                 errors = ("invalid_utf8",) * len(texts.invalid)
                 get_logger(component="nvml").warning(
                     "nvml_invalid_text", gpu=str(index), uuid=identity.uuid, texts=texts.invalid,
                     hint="the GPU reported text that is not UTF-8 (a corrupted InfoROM?); it is shown with U+FFFD "
                          "and the GPU is monitored as usual; check `nvidia-smi -q -i " + str(index) + "`")
-            found.append(DiscoveredGpu(identity=identity, features=dict(device.features), errors=errors))
+            found.append(DiscoveredGpu(identity=identity, features=dict(gpu.features), errors=errors))
         self._devices = devices
         self._by_handle = {_handle_key(d.handle): uuid for uuid, d in devices.items()}
         self._register_events()
@@ -396,93 +447,39 @@ class NvmlBackend:
             architecture=None if arch is None else _ARCHITECTURES.get(arch, "unknown"),
         )
 
-    def _probe_device(self, d: _Device) -> None:
-        h = d.handle
-        f = d.features
+    def _probe(self, gpu: _Gpu) -> None:
+        """Probe the enabled groups once: the fields of all of them in one call, then each group."""
+        dev = _Probe(gpu.handle, self._probe_fields(gpu.handle), self._options)
+        fast, slow = [], []
+        for group in self._groups:
+            dev.group = group.name
+            reader = group.nvml(dev)  # type: ignore[misc]
+            if group.fast is not None:
+                fast.append((group.name, group.fast, reader))
+            if group.slow is not None:
+                slow.append((group.name, group.slow, reader))
+            if group.name == "xid":
+                gpu.events = bool(getattr(reader, "supported", False))
+        gpu.fast, gpu.slow, gpu.features = tuple(fast), tuple(slow), dev.features
+        gpu.batches = {tier: _Batch(owners) for tier, owners in dev.used.items() if owners}
 
-        def supported(fn: Callable[..., Any], *args: Any) -> bool:
-            try:
-                _probe(fn, *args)
-                return True
-            except _Unsupported:
-                return False
-            except N.NVMLError as exc:
-                if exc.value == _LOST or exc.value in _BACKEND_GONE:
-                    raise
-                return True  # transient failure: keep polling it, errors get counted
-
-        d.temperature = _first_supported((_temperature_v, (h,)), (_temperature_v1, (h,)))
-        d.margin = f["temperature_margin"] = supported(N.nvmlDeviceGetMarginTemperature, h)
+    def _probe_fields(self, handle: Any) -> frozenset[int]:
+        """The enabled groups' field ids this GPU answers (one call)."""
+        ids = list(self._field_ids)
+        if not ids:
+            return frozenset()
         try:
-            d.fans = int(_probe(N.nvmlDeviceGetNumFans, h))
-        except _Unsupported:
-            d.fans = 0
-        if d.fans and not supported(N.nvmlDeviceGetFanSpeed_v2, h, 0):
-            d.fans = 0
-        f["fan"] = d.fans > 0
-        d.fan_target = f["fan_target"] = d.fans > 0 and supported(N.nvmlDeviceGetTargetFanSpeed, h, 0)
-        d.fan_rpm = f["fan_rpm"] = d.fans > 0 and supported(_fan_rpm, h, 0)
-        d.power = f["power"] = supported(N.nvmlDeviceGetPowerUsage, h)
-        d.pstate = supported(N.nvmlDeviceGetPerformanceState, h)
-        d.utilization = f["utilization"] = supported(N.nvmlDeviceGetUtilizationRates, h)
-        d.encoder = supported(N.nvmlDeviceGetEncoderUtilization, h)
-        d.decoder = supported(N.nvmlDeviceGetDecoderUtilization, h)
-        d.memory = _first_supported((_memory_v2, (h,)), (N.nvmlDeviceGetMemoryInfo, (h,)))
-        d.clocks = tuple((n, t) for n, t in _CLOCK_TYPES.items() if supported(N.nvmlDeviceGetClockInfo, h, t))
-        d.max_clocks = tuple((n, t) for n, t in _CLOCK_TYPES.items() if supported(N.nvmlDeviceGetMaxClockInfo, h, t))
-        d.reasons = _first_supported((N.nvmlDeviceGetCurrentClocksEventReasons, (h,)),
-                                     (N.nvmlDeviceGetCurrentClocksThrottleReasons, (h,)))
-        f["clocks_event_reasons"] = d.reasons is not None
-        if d.reasons is not None:
-            mask_fn = _first_supported((N.nvmlDeviceGetSupportedClocksEventReasons, (h,)),
-                                       (N.nvmlDeviceGetSupportedClocksThrottleReasons, (h,)))
-            try:
-                d.supported_reasons = int(mask_fn(h)) if mask_fn else 0x1FF
-            except N.NVMLError:
-                d.supported_reasons = 0x1FF
-        d.fast_fields = self._probe_fields(h, _FAST_FIELDS)
-        d.slow_fields = self._probe_fields(h, _SLOW_FIELDS)
-        fast_kinds = {_FAST_FIELDS[i][0] for i in d.fast_fields}
-        slow_kinds = {_SLOW_FIELDS[i][0] for i in d.slow_fields}
-        f["memory_temperature"] = "memory_temperature" in fast_kinds
-        f["energy"] = "energy" in fast_kinds
-        f["clocks_event_time"] = "throttle" in fast_kinds
-        f["ecc"] = "ecc" in slow_kinds
-        f["remapped_rows"] = "remap" in slow_kinds
-        f["retired_pages"] = "retired_pending" in slow_kinds
-        d.thresholds = tuple((n, t) for n, t in _THRESHOLDS.items()
-                             if supported(N.nvmlDeviceGetTemperatureThreshold, h, t))
-        limits = {
-            "enforced": N.nvmlDeviceGetEnforcedPowerLimit,
-            "default": N.nvmlDeviceGetPowerManagementDefaultLimit,
-            "constraints": N.nvmlDeviceGetPowerManagementLimitConstraints,
-        }
-        d.power_limits = {k: fn for k, fn in limits.items() if supported(fn, h)}
-        f["power_limit"] = "enforced" in d.power_limits
-        d.pcie = f["pcie"] = supported(N.nvmlDeviceGetCurrPcieLinkGeneration, h)
-        # The versioned calls, newest first: the unversioned wrapper raises NVMLLibraryMismatchError,
-        # which is no NVMLError, when _v3 is missing (nvml.md §9).
-        d.processes = _first_supported((N.nvmlDeviceGetComputeRunningProcesses_v3, (h,)),
-                                       (N.nvmlDeviceGetComputeRunningProcesses_v2, (h,)))
-        try:
-            f["xid_events"] = bool(int(_probe(N.nvmlDeviceGetSupportedEventTypes, h)) & _XID_EVENT)
-        except _Unsupported:
-            f["xid_events"] = False
-
-    @staticmethod
-    def _probe_fields(handle: Any, table: dict[int, Any]) -> tuple[int, ...]:
-        try:
-            values = _probe(N.nvmlDeviceGetFieldValues, handle, list(table))
-        except _Unsupported:
-            return ()
+            values = _Batch(self._field_ids).run(handle)
         except N.NVMLError as exc:
-            if exc.value == _LOST or exc.value in _BACKEND_GONE:
+            if exc.value in _UNSUPPORTED:
+                return frozenset()
+            if _is_gone(exc.value):
                 raise
-            return tuple(table)
-        return tuple(v.fieldId for v in values if v.nvmlReturn == N.NVML_SUCCESS)
+            return frozenset(ids)  # transient: keep them all, errors are counted when polled
+        return frozenset(v.fieldId for v in values if v.nvmlReturn == N.NVML_SUCCESS)
 
     def _register_events(self) -> None:
-        wanted = [d for d in self._devices.values() if d.features.get("xid_events")]
+        wanted = [d for d in self._devices.values() if d.events]
         if not wanted:
             return
         with self._events_lock:
@@ -493,197 +490,51 @@ class NvmlBackend:
                     try:
                         N.nvmlDeviceRegisterEvents(d.handle, _XID_EVENT, self._event_set)
                     except N.NVMLError:
+                        d.events = False
                         d.features["xid_events"] = False
             except N.NVMLError:
                 self._event_set = None
 
     # -- polls ----------------------------------------------------------------------------------
-    def _device(self, uuid: str) -> _Device:
+    def _device(self, uuid: str) -> _Gpu:
         try:
             return self._devices[uuid]
         except KeyError:
             raise BackendUnavailable("uninitialized", "NVML backend is not initialised",
                                      "gpuwatch re-initialises it by itself") from None
 
-    def read_fast(self, uuid: str) -> FastSample:
-        d = self._device(uuid)
-        h = d.handle
+    def _read(self, uuid: str, tier: str) -> tuple[dict[str, Any], list[str], tuple[tuple[str, float, bool], ...]]:
+        gpu = self._device(uuid)
         q = _Query(self, uuid)
+        clock = time.perf_counter
+        batch_seconds, batch_fields = 0.0, 0
+        batch = gpu.batches.get(tier)
+        if batch is not None:
+            started = clock()
+            q.load(batch, gpu.handle)
+            batch_seconds, batch_fields = clock() - started, len(batch.ids)
+            owners = list(batch.owners.values())
+        readers = gpu.fast if tier == "fast" else gpu.slow
+        readings: dict[str, Any] = {}
+        collected = []
         errors = q.errors
+        for name, attr, reader in readers:
+            before = len(errors)
+            started = clock()
+            readings[attr] = reader.read_fast(q) if tier == "fast" else reader.read_slow(q)
+            seconds = clock() - started
+            if batch_fields:
+                seconds += batch_seconds * owners.count(name) / batch_fields
+            collected.append((name, seconds, len(errors) == before and not q.field_errors.get(name)))
+        return readings, errors, tuple(collected)
 
-        temperature = q(d.temperature, h) if d.temperature else None
-        margin = q(N.nvmlDeviceGetMarginTemperature, h) if d.margin else None
-        fans = []
-        for i in range(d.fans):
-            speed = q(N.nvmlDeviceGetFanSpeed_v2, h, i)
-            target = q(N.nvmlDeviceGetTargetFanSpeed, h, i) if d.fan_target else None
-            rpm = q(_fan_rpm, h, i) if d.fan_rpm else None
-            fans.append(FanReading(
-                fan=i,
-                speed_ratio=None if speed is None else speed / 100.0,
-                target_speed_ratio=None if target is None else target / 100.0,
-                speed_rpm=None if rpm is None else float(rpm),
-            ))
-        power_mw = q(N.nvmlDeviceGetPowerUsage, h) if d.power else None
-        pstate = q(N.nvmlDeviceGetPerformanceState, h) if d.pstate else None
-        utilization: dict[str, float] = {}
-        if d.utilization:
-            rates = q(N.nvmlDeviceGetUtilizationRates, h)
-            if rates is not None:
-                utilization["gpu"] = rates.gpu / 100.0
-                utilization["memory"] = rates.memory / 100.0
-        if d.encoder:
-            enc = q(N.nvmlDeviceGetEncoderUtilization, h)
-            if enc is not None:
-                utilization["encoder"] = enc[0] / 100.0
-        if d.decoder:
-            dec = q(N.nvmlDeviceGetDecoderUtilization, h)
-            if dec is not None:
-                utilization["decoder"] = dec[0] / 100.0
-        memory = q(d.memory, h) if d.memory else None
-        clocks = {}
-        for name, clock_type in d.clocks:
-            mhz = q(N.nvmlDeviceGetClockInfo, h, clock_type)
-            if mhz is not None:
-                clocks[name] = mhz * 1e6
-        active: dict[str, bool] = {}
-        if d.reasons is not None:
-            mask = q(d.reasons, h)
-            if mask is not None:
-                active = decode_clocks_event_reasons(int(mask), d.supported_reasons)
-        memory_temperature = energy = None
-        throttle: dict[str, float] = {}
-        if d.fast_fields:
-            values = q(N.nvmlDeviceGetFieldValues, h, list(d.fast_fields))
-            for entry in values or ():
-                if entry.nvmlReturn != N.NVML_SUCCESS:
-                    if entry.nvmlReturn == _LOST:
-                        raise DeviceLost(uuid, "NVML: GPU is lost")
-                    errors.append(ERROR_NAMES.get(entry.nvmlReturn, "unknown"))
-                    continue
-                kind, key = _FAST_FIELDS[entry.fieldId]
-                value = _field_value(entry)
-                if kind == "memory_temperature":
-                    memory_temperature = float(value)
-                elif kind == "energy":
-                    energy = value / 1000.0
-                else:
-                    throttle[key] = value / 1e9
-        has_v2 = memory is not None and hasattr(memory, "reserved")
-        return FastSample(
-            temperature_celsius=None if temperature is None else float(temperature),
-            memory_temperature_celsius=memory_temperature,
-            temperature_margin_celsius=None if margin is None else float(margin),
-            fans=tuple(fans),
-            power_watts=None if power_mw is None else power_mw / 1000.0,
-            energy_joules=energy,
-            performance_state=None if pstate is None or pstate > 15 else int(pstate),
-            utilization_ratio=utilization,
-            memory_total_bytes=None if memory is None else int(memory.total),
-            memory_used_bytes=None if memory is None else int(memory.used),
-            memory_free_bytes=None if memory is None else int(memory.free),
-            memory_reserved_bytes=int(memory.reserved) if has_v2 else None,
-            clock_hertz=clocks,
-            clocks_event_active=active,
-            clocks_event_seconds=throttle,
-            errors=tuple(errors),
-        )
+    def read_fast(self, uuid: str) -> FastSample:
+        readings, errors, collected = self._read(uuid, "fast")
+        return FastSample(**readings, errors=tuple(errors), collected=collected)
 
     def read_slow(self, uuid: str) -> SlowSample:
-        d = self._device(uuid)
-        h = d.handle
-        q = _Query(self, uuid)
-        errors = q.errors
-
-        thresholds = {}
-        for name, kind in d.thresholds:
-            value = q(N.nvmlDeviceGetTemperatureThreshold, h, kind)
-            if value is not None:
-                thresholds[name] = float(value)
-        limits: dict[str, float] = {}
-        if "enforced" in d.power_limits:
-            value = q(d.power_limits["enforced"], h)
-            if value is not None:
-                limits["enforced"] = value / 1000.0
-        if "default" in d.power_limits:
-            value = q(d.power_limits["default"], h)
-            if value is not None:
-                limits["default"] = value / 1000.0
-        if "constraints" in d.power_limits:
-            value = q(d.power_limits["constraints"], h)
-            if value is not None:
-                limits["min"], limits["max"] = value[0] / 1000.0, value[1] / 1000.0
-        max_clocks = {}
-        for name, clock_type in d.max_clocks:
-            mhz = q(N.nvmlDeviceGetMaxClockInfo, h, clock_type)
-            if mhz is not None:
-                max_clocks[name] = mhz * 1e6
-        generation: dict[str, int] = {}
-        width: dict[str, int] = {}
-        if d.pcie:
-            for target, fn in ((generation, N.nvmlDeviceGetCurrPcieLinkGeneration),
-                               (width, N.nvmlDeviceGetCurrPcieLinkWidth)):
-                value = q(fn, h)
-                if value is not None:
-                    target["current"] = int(value)
-            for target, fn in ((generation, N.nvmlDeviceGetMaxPcieLinkGeneration),
-                               (width, N.nvmlDeviceGetMaxPcieLinkWidth)):
-                value = q(fn, h)
-                if value is not None:
-                    target["max"] = int(value)
-        ecc: dict[tuple[str, str], int] = {}
-        remap: dict[str, int] = {}
-        tlimit: dict[str, float] = {}
-        pending = failed = retired = None
-        replays = None
-        if d.slow_fields:
-            values = q(N.nvmlDeviceGetFieldValues, h, list(d.slow_fields))
-            for entry in values or ():
-                if entry.nvmlReturn != N.NVML_SUCCESS:
-                    if entry.nvmlReturn == _LOST:
-                        raise DeviceLost(uuid, "NVML: GPU is lost")
-                    errors.append(ERROR_NAMES.get(entry.nvmlReturn, "unknown"))
-                    continue
-                kind, key = _SLOW_FIELDS[entry.fieldId]
-                value = _field_value(entry)
-                if kind == "ecc":
-                    ecc[key] = int(value)
-                elif kind == "remap":
-                    remap[key] = int(value)
-                elif kind == "remap_pending":
-                    pending = bool(value)
-                elif kind == "remap_failed":
-                    failed = bool(value)
-                elif kind == "retired_pending":
-                    retired = bool(value)
-                elif kind == "pcie_replays":
-                    replays = int(value)
-                elif kind == "tlimit":
-                    tlimit[key] = float(value)
-        processes = None
-        if d.processes is not None:
-            listed = q(d.processes, h)
-            if listed is not None:
-                processes = tuple(
-                    GpuProcess(pid=int(p.pid), used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory))
-                    for p in listed
-                )
-        return SlowSample(
-            temperature_threshold_celsius=thresholds,
-            temperature_margin_threshold_celsius=tlimit,
-            power_limit_watts=limits,
-            clock_max_hertz=max_clocks,
-            ecc_errors=ecc,
-            remapped_rows=remap,
-            remapped_rows_pending=pending,
-            remapped_rows_failed=failed,
-            retired_pages_pending=retired,
-            pcie_link_generation=generation,
-            pcie_link_width=width,
-            pcie_replays=replays,
-            processes=processes,
-            errors=tuple(errors),
-        )
+        readings, errors, collected = self._read(uuid, "slow")
+        return SlowSample(**readings, errors=tuple(errors), collected=collected)
 
     # -- events ---------------------------------------------------------------------------------
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:

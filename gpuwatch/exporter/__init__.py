@@ -2,70 +2,82 @@
 
 from __future__ import annotations
 
+import gzip
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from gpuwatch import __version__, logs
+from gpuwatch import __version__, groups, logs
 from gpuwatch.clock import Clock
-from gpuwatch.exporter.collector import build_labels, freshness_key, render
+from gpuwatch.exporter.collector import Renderer, build_labels, encode, freshness_key
 from gpuwatch.model import NodeSnapshot
 
 OPENMETRICS_EOF = "# EOF\n"
+GZIP_MIN_BYTES = 1024  # smaller bodies go uncompressed
 
 
 class Exposition:
-    """Renders /metrics from the store's snapshot, cached per snapshot and freshness.
+    """/metrics from the store's snapshot: one render per snapshot, whatever the number of scrapers.
 
-    Between two polls every scrape (and every one of several concurrent scrapers) gets the same
-    bytes without rendering again; process_* metrics about gpuwatch itself are appended fresh.
+    The body of each format (text or OpenMetrics, gzip or not) is kept until the snapshot, the
+    freshness of its readings, the count of dropped log lines or the second of the process_*
+    metrics (gpuwatch's own CPU and memory, from prometheus_client's ProcessCollector) changes;
+    concurrent scrapers of the same moment wait for one render and share its bytes.
     """
 
     def __init__(self, snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],
-                 process_metrics: bool = True, max_processes: int = 0) -> None:
+                 process_metrics: bool = True, enabled: Collection[str] = groups.DEFAULT_ENABLED,
+                 per_pid_max: int = 0) -> None:
         self._snapshot = snapshot
-        self._max_processes = max_processes
         self._clock = clock
         self._staleness = staleness
-        self._build = build_labels()
+        self._renderer = Renderer(staleness, build_labels(), enabled, per_pid_max)
         self._process: CollectorRegistry | None = None
         if process_metrics:
             self._process = CollectorRegistry(auto_describe=False)
             ProcessCollector(registry=self._process)
         self._lock = threading.Lock()
-        self._cache: dict[bool, tuple[object, str]] = {}
+        self._lines: tuple[Any, dict[str, list[str]]] | None = None
+        self._bodies: dict[tuple[bool, bool], tuple[Any, bytes, bool]] = {}
 
-    def _gpuwatch(self, openmetrics: bool) -> str:
+    def render(self, openmetrics: bool = False, compress: bool = False) -> tuple[bytes, bool]:
+        """(body, gzip-compressed) of the format asked for; compressed only if asked and worth it."""
         snap = self._snapshot()
         now = self._clock.monotonic()
         dropped = logs.dropped_lines()
-        key = (snap.generation, freshness_key(snap, now, self._staleness), dropped)
+        state = (snap.generation, freshness_key(snap, now, self._staleness), dropped)
+        key = (state, int(now) if self._process is not None else 0)
+        kept = self._bodies.get((openmetrics, compress))
+        if kept is not None and kept[0] == key:
+            return kept[1], kept[2]
         with self._lock:
-            cached = self._cache.get(openmetrics)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        text = render(snap, now, self._staleness, self._build, self._max_processes, dropped).encode(openmetrics)
-        with self._lock:
-            self._cache[openmetrics] = (key, text)
-        return text
-
-    def render(self, openmetrics: bool = False) -> bytes:
-        body = self._gpuwatch(openmetrics).encode()
-        if self._process is not None:
+            kept = self._bodies.get((openmetrics, compress))
+            if kept is not None and kept[0] == key:
+                return kept[1], kept[2]
+            if self._lines is None or self._lines[0] != state:
+                self._lines = (state, self._renderer.render(snap, now, dropped))
+            body = encode(self._lines[1], openmetrics).encode()
+            if self._process is not None:
+                if openmetrics:
+                    body += openmetrics_latest(self._process)[: -len(OPENMETRICS_EOF)]
+                else:
+                    body += generate_latest(self._process)
             if openmetrics:
-                body += openmetrics_latest(self._process)[: -len(OPENMETRICS_EOF)]
-            else:
-                body += generate_latest(self._process)
-        if openmetrics:
-            body += OPENMETRICS_EOF.encode()
-        return body
+                body += OPENMETRICS_EOF.encode()
+            compressed = compress and len(body) >= GZIP_MIN_BYTES
+            if compressed:
+                body = gzip.compress(body, compresslevel=1)
+            self._bodies[(openmetrics, compress)] = (key, body, compressed)
+            return body, compressed
 
 
 def build_exposition(snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],
-                     process_metrics: bool = True, max_processes: int = 0) -> Exposition:
-    return Exposition(snapshot, clock, staleness, process_metrics, max_processes)
+                     process_metrics: bool = True, enabled: Collection[str] = groups.DEFAULT_ENABLED,
+                     per_pid_max: int = 0) -> Exposition:
+    return Exposition(snapshot, clock, staleness, process_metrics, enabled, per_pid_max)
 
 
 __all__ = ["Exposition", "build_exposition", "__version__"]

@@ -1,84 +1,90 @@
-"""The Prometheus collector: a stateless view over the latest store snapshot.
+"""The exposition: a view over the latest store snapshot that re-encodes only what changed.
 
-A scrape never calls NVML. Readings older than the staleness bound are dropped (the
-``gpuwatch_last_poll_timestamp_seconds`` gauges still say when data was last fresh); unsupported
-readings are absent, never 0 or NaN. Output is sorted by family, then labels.
+A scrape never calls NVML. Each reading group renders its own families (gpuwatch/groups/) from
+its readings of one GPU; readings are immutable objects, so a group's encoded lines for a GPU are
+kept with the readings they came from and reused while the GPU still holds those very objects:
+between slow polls the slow-tier lines, the identity, the features and every group whose reading
+did not change cost a dictionary lookup, not an encoding. Node-level families (poll outcomes,
+anomalies, the collectors' own figures) are small and encoded each time.
+
+Readings older than the staleness bound are dropped (``gpuwatch_last_poll_timestamp_seconds``
+still says when data was last fresh); unsupported readings are absent, never 0 or NaN. Output is
+sorted by family, then by the label values in the family's label order (numbers numerically), and
+is byte for byte what prometheus_client's encoders make of the same samples (tests/test_collector.py).
 """
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable
 from importlib import metadata
+from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gpuwatch import __version__
-from gpuwatch.clock import Clock
+from gpuwatch import __version__, groups
 from gpuwatch.exporter.catalogue import CATALOGUE
-from gpuwatch.model import FEATURES, GpuState, NodeSnapshot, fresh, temperature_thresholds
+from gpuwatch.groups.base import Group, LabelValues
+from gpuwatch.model import GpuState, NodeSnapshot, fresh
 
-LabelValues = tuple[str, ...]
 
-
-def _sort_key(values: LabelValues) -> tuple:
+def _sort_key(values: LabelValues) -> tuple[tuple[int, int, str], ...]:
     return tuple((0, int(v), "") if v.isdigit() else (1, 0, v) for v in values)
 
 
-class Samples:
-    """Accumulates samples per family name; every name must be in the catalogue."""
+def _escape(text: str) -> str:
+    if "\\" in text or '"' in text or "\n" in text:
+        return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return text
 
-    def __init__(self) -> None:
-        self._data: dict[str, list[tuple[LabelValues, float]]] = {}
 
-    def add(self, name: str, labels: LabelValues, value: float | int | bool | None) -> None:
-        if value is None:
-            return
-        self._data.setdefault(name, []).append((labels, float(value)))
+class _Family:
+    """How one family's lines are spelled: its header in both formats and its label order."""
 
-    def encode(self, openmetrics: bool = False) -> str:
-        """The text exposition (0.0.4, or OpenMetrics without the final ``# EOF``).
+    __slots__ = ("name", "order", "keys", "text_header", "openmetrics_header")
 
-        Byte for byte what prometheus_client's encoders make of ``families()`` (a test holds it to
-        that), but several times faster: label names are sorted once per family, not per sample,
-        and nothing is validated again at scrape time (the catalogue was, at import).
-        """
-        out: list[str] = []
-        append = out.append
-        for name in sorted(self._data):
-            spec = CATALOGUE[name]
-            counter = spec.type == "counter"
-            family = name[:-6] if counter and openmetrics else name
-            help_text = spec.help.replace("\\", r"\\").replace("\n", r"\n")
-            if openmetrics:
-                help_text = help_text.replace('"', r'\"')
-            append(f"# HELP {family} {help_text}\n# TYPE {family} {spec.type}\n")
-            order = sorted(range(len(spec.labels)), key=spec.labels.__getitem__)
-            keys = [f'{spec.labels[i]}="' for i in order]
-            rows = sorted(self._data[name], key=lambda item: _sort_key(item[0]))
-            for labels, value in rows:
-                if keys:
-                    parts = []
-                    for key, i in zip(keys, order):
-                        text = labels[i]
-                        if "\\" in text or '"' in text or "\n" in text:
-                            text = text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-                        parts.append(key + text + '"')
-                    append(f"{name}{{{','.join(parts)}}} {floatToGoString(value)}\n")
-                else:
-                    append(f"{name} {floatToGoString(value)}\n")
-        return "".join(out)
+    def __init__(self, name: str) -> None:
+        spec = CATALOGUE[name]
+        self.name = name
+        self.order = sorted(range(len(spec.labels)), key=spec.labels.__getitem__)
+        self.keys = [f'{spec.labels[i]}="' for i in self.order]
+        help_text = spec.help.replace("\\", r"\\").replace("\n", r"\n")
+        self.text_header = f"# HELP {name} {help_text}\n# TYPE {name} {spec.type}\n"
+        family = name[:-6] if spec.type == "counter" else name
+        self.openmetrics_header = f"# HELP {family} {help_text.replace(chr(34), chr(92) + chr(34))}\n" \
+                                  f"# TYPE {family} {spec.type}\n"
 
-    def families(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        for name in sorted(self._data):
-            spec = CATALOGUE[name]
-            cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
-            family = cls(name, spec.help, labels=spec.labels)
-            for labels, value in sorted(self._data[name], key=lambda item: _sort_key(item[0])):
-                family.add_metric(labels, value)
-            yield family
+    def line(self, labels: LabelValues, value: float) -> str:
+        if not self.keys:
+            return f"{self.name} {floatToGoString(value)}\n"
+        parts = ",".join(key + _escape(labels[i]) + '"' for key, i in zip(self.keys, self.order))
+        return f"{self.name}{{{parts}}} {floatToGoString(value)}\n"
+
+
+_FAMILIES: dict[str, _Family] = {name: _Family(name) for name in CATALOGUE}
+
+Rows = dict[str, list[tuple[LabelValues, float]]]
+
+
+def _collect(render: Callable[..., None], prefix: LabelValues, *readings: Any) -> dict[str, str]:
+    """Run one group's ``render`` for one GPU; its lines per family, sorted."""
+    rows: Rows = {}
+
+    def emit(family: str, labels: LabelValues, value: float | int | bool | None) -> None:
+        if value is not None:
+            rows.setdefault(family, []).append((prefix + labels, float(value)))
+
+    render(emit, *readings)
+    return _encode(rows)
+
+
+def _encode(rows: Rows) -> dict[str, str]:
+    out = {}
+    for name, items in rows.items():
+        family = _FAMILIES[name]  # KeyError: a family that is not in the catalogue
+        items.sort(key=lambda item: _sort_key(item[0]))
+        out[name] = "".join(family.line(labels, value) for labels, value in items)
+    return out
 
 
 def binding_version() -> str:
@@ -93,154 +99,157 @@ def build_labels() -> LabelValues:
     return (__version__, platform.python_version(), binding_version())
 
 
-def freshness_key(snap: NodeSnapshot, now: float, staleness: Callable[[str], float]) -> tuple:
+def _gpu_core(emit: Callable[..., None], state: GpuState, features: Collection[str]) -> None:
+    ident = state.identity
+    emit("gpuwatch_gpu_info", (ident.name, ident.pci_bus_id, ident.serial or "",
+                               "" if ident.minor_number is None else str(ident.minor_number),
+                               ident.vbios_version or "", ident.architecture or ""), 1)
+    emit("gpuwatch_gpu_up", (), state.up)
+    for feature in groups.FEATURES:
+        if feature in state.features and feature in features:
+            emit("gpuwatch_gpu_feature_supported", (feature,), state.features[feature])
+
+
+def _default_select(group: Group) -> Callable[[GpuState, Any, Any], tuple[Any, Any]]:
+    fast_attr, slow_attr = group.fast, group.slow
+
+    def select(state: GpuState, fast: Any, slow: Any) -> tuple[Any, Any]:
+        return (getattr(fast, fast_attr) if fast_attr and fast is not None else None,
+                getattr(slow, slow_attr) if slow_attr and slow is not None else None)
+
+    return select
+
+
+class Renderer:
+    """Renders snapshots; keeps each (GPU, group)'s encoded lines with the readings they came from."""
+
+    def __init__(self, staleness: Callable[[str], float], build: LabelValues,
+                 enabled: Collection[str] = groups.DEFAULT_ENABLED, per_pid_max: int = 0) -> None:
+        self._staleness = staleness
+        self._build = build
+        self._enabled = frozenset(enabled)
+        self._features = groups.features_of(self._enabled)
+        self._groups = [(g.name, g.render, g.select or _default_select(g))
+                        for g in groups.GROUPS if g.name in self._enabled and g.render is not None]
+        self._per_pid_max = per_pid_max if "processes" in self._enabled else 0
+        # (uuid, group) -> (identity, reading a, reading b, lines per family); "" is the GPU's own
+        self._cache: dict[tuple[str, str], tuple[Any, Any, Any, dict[str, str]]] = {}
+
+    def render(self, snap: NodeSnapshot, now: float, log_dropped: int = 0) -> dict[str, list[str]]:
+        """Family -> its sample lines (without the header), for ``encode``."""
+        fast_bound, slow_bound = self._staleness("fast"), self._staleness("slow")
+        lines: dict[str, list[str]] = {}
+        cache = self._cache
+        seen = set()
+        for state in snap.gpus:
+            ident = state.identity
+            uuid = ident.uuid
+            seen.add(uuid)
+            prefix = (str(ident.index), uuid)
+            key = (uuid, "")
+            kept = cache.get(key)
+            if kept is None or kept[0] is not ident or kept[1] is not state.features or kept[2] is not state.up:
+                kept = (ident, state.features, state.up,
+                        _collect(lambda emit, s=state: _gpu_core(emit, s, self._features), prefix))
+                cache[key] = kept
+            for family, text in kept[3].items():
+                lines.setdefault(family, []).append(text)
+            fast = state.fresh_fast(now, fast_bound)
+            slow = state.fresh_slow(now, slow_bound)
+            for name, render, select in self._groups:
+                a, b = select(state, fast, slow)
+                key = (uuid, name)
+                kept = cache.get(key)
+                if kept is None or kept[0] is not ident or kept[1] is not a or kept[2] is not b:
+                    kept = (ident, a, b, _collect(render, prefix, a, b))
+                    cache[key] = kept
+                for family, text in kept[3].items():
+                    lines.setdefault(family, []).append(text)
+        if len(cache) > (len(self._groups) + 1) * len(seen):  # GPUs that are gone for good
+            for key in [k for k in cache if k[0] not in seen]:
+                del cache[key]
+        for family, text in _encode(self._node_rows(snap, now, slow_bound, log_dropped)).items():
+            lines.setdefault(family, []).append(text)
+        return lines
+
+    def _node_rows(self, snap: NodeSnapshot, now: float, slow_bound: float, log_dropped: int) -> Rows:
+        rows: Rows = {}
+
+        def add(family: str, labels: LabelValues, value: float | int | bool | None) -> None:
+            if value is not None:
+                rows.setdefault(family, []).append((labels, float(value)))
+
+        add("gpuwatch_build_info", self._build, 1)
+        add("gpuwatch_log_dropped_total", (), log_dropped)
+        add("gpuwatch_backend_up", (snap.backend,), snap.backend_up)
+        add("gpuwatch_gpus", (), snap.visible_gpus)
+        if snap.driver is not None:
+            d = snap.driver
+            add("gpuwatch_driver_info", (d.driver_version, d.nvml_version, d.cuda_driver_version), 1)
+        for tier_name, tier in snap.tiers.items():
+            t = (tier_name,)
+            add("gpuwatch_poll_success", t, tier.succeeded_within(now, self._staleness(tier_name)))
+            add("gpuwatch_poll_duration_seconds", t, tier.duration_seconds)
+            add("gpuwatch_last_poll_timestamp_seconds", t, tier.last_completed_wall)
+            for error, count in tier.errors_total.items():
+                add("gpuwatch_poll_errors_total", (tier_name, error), count)
+        for name, seconds, ok in self._collectors(snap):
+            add("gpuwatch_collector_success", (name,), ok)
+            add("gpuwatch_collector_duration_seconds", (name,), seconds)
+        for anomaly in snap.anomalies:
+            if not anomaly.firing:  # sparse, like ALERTS: quiet rules have no series (contract v2)
+                continue
+            if anomaly.uuid is None:
+                add("gpuwatch_node_anomaly", (anomaly.rule, anomaly.severity), 1)
+                continue
+            g = (anomaly.gpu or "", anomaly.uuid)
+            add("gpuwatch_anomaly", g + (anomaly.rule, anomaly.severity), 1)
+            add("gpuwatch_anomaly_since_timestamp_seconds", g + (anomaly.rule,), anomaly.since_wall)
+        for rule, count in snap.rule_onsets.items():
+            add("gpuwatch_anomaly_onsets_total", (rule,), count)
+        for rule, count in snap.rule_errors.items():
+            add("gpuwatch_rule_evaluation_errors_total", (rule,), count)
+        budget = self._per_pid_max
+        for state in snap.gpus if budget else ():
+            if state.fresh_slow(now, slow_bound) is None:
+                continue
+            g = (str(state.identity.index), state.identity.uuid)
+            for p in state.workloads:
+                if budget and p.pid:
+                    add("gpuwatch_process_memory_used_bytes", g + (str(p.pid), p.scheduler, p.job_id, p.user),
+                        p.used_memory_bytes)
+                    budget -= 1
+        return rows
+
+    def _collectors(self, snap: NodeSnapshot) -> Iterable[tuple[str, float | None, bool | None]]:
+        """(group, seconds, succeeded) of each enabled group: its last fast and last slow read together."""
+        fast, slow = snap.tiers.get("fast"), snap.tiers.get("slow")
+        for group in groups.GROUPS:
+            if group.name not in self._enabled:
+                continue
+            if group.name == "xid":
+                if snap.events_ok is not None:
+                    yield group.name, 0.0, snap.events_ok
+                continue
+            parts = [t.groups[group.name] for t in (fast, slow) if t is not None and group.name in t.groups]
+            if parts:
+                yield group.name, sum(p[0] for p in parts), all(p[1] for p in parts)
+
+
+def encode(lines: dict[str, list[str]], openmetrics: bool = False) -> str:
+    """The text exposition (0.0.4, or OpenMetrics without the final ``# EOF``) of ``Renderer.render``."""
+    out = []
+    for name in sorted(lines):
+        family = _FAMILIES[name]
+        out.append(family.openmetrics_header if openmetrics else family.text_header)
+        out.extend(lines[name])
+    return "".join(out)
+
+
+def freshness_key(snap: NodeSnapshot, now: float, staleness: Callable[[str], float]) -> tuple[Any, ...]:
     """What, besides the snapshot itself, decides the exposition: which readings are still fresh."""
     fast_bound, slow_bound = staleness("fast"), staleness("slow")
     tiers = tuple(tier.succeeded_within(now, staleness(name)) for name, tier in snap.tiers.items())
-    gpus = tuple((fresh(g.fast_monotonic, now, fast_bound), fresh(g.slow_monotonic, now, slow_bound)) for g in snap.gpus)
+    gpus = tuple((fresh(g.fast_monotonic, now, fast_bound), fresh(g.slow_monotonic, now, slow_bound))
+                 for g in snap.gpus)
     return tiers, gpus
-
-
-class GpuwatchCollector(Collector):
-    """The same exposition as a prometheus_client Collector, for use in another registry."""
-
-    def __init__(self, snapshot: Callable[[], NodeSnapshot], clock: Clock,
-                 staleness: Callable[[str], float]) -> None:
-        self._snapshot = snapshot
-        self._clock = clock
-        self._staleness = staleness
-        self._build = build_labels()
-
-    def describe(self) -> list:
-        return []  # never collect at registration time
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        return render(self._snapshot(), self._clock.monotonic(), self._staleness, self._build).families()
-
-
-def render(snap: NodeSnapshot, now: float, staleness: Callable[[str], float], build: LabelValues,
-           max_processes: int = 0, log_dropped: int = 0) -> Samples:
-    """The samples of one scrape; ``max_processes`` > 0 adds per-process series, at most that many."""
-    out = Samples()
-    out.add("gpuwatch_build_info", build, 1)
-    out.add("gpuwatch_log_dropped_total", (), log_dropped)
-    out.add("gpuwatch_backend_up", (snap.backend,), snap.backend_up)
-    out.add("gpuwatch_gpus", (), snap.visible_gpus)
-    if snap.driver is not None:
-        d = snap.driver
-        out.add("gpuwatch_driver_info", (d.driver_version, d.nvml_version, d.cuda_driver_version), 1)
-    for tier_name, tier in snap.tiers.items():
-        t = (tier_name,)
-        out.add("gpuwatch_poll_success", t, tier.succeeded_within(now, staleness(tier_name)))
-        out.add("gpuwatch_poll_duration_seconds", t, tier.duration_seconds)
-        out.add("gpuwatch_last_poll_timestamp_seconds", t, tier.last_completed_wall)
-        for error, count in tier.errors_total.items():
-            out.add("gpuwatch_poll_errors_total", (tier_name, error), count)
-    fast_bound, slow_bound = staleness("fast"), staleness("slow")
-    budget = max_processes
-    for gpu in snap.gpus:
-        _render_gpu(out, gpu, now, fast_bound, slow_bound)
-        if gpu.fresh_slow(now, slow_bound) is not None:
-            budget = _render_workloads(out, gpu, budget)
-    for anomaly in snap.anomalies:
-        if not anomaly.firing:  # sparse, like ALERTS: quiet rules have no series (contract v2)
-            continue
-        if anomaly.uuid is None:
-            out.add("gpuwatch_node_anomaly", (anomaly.rule, anomaly.severity), 1)
-            continue
-        g = (anomaly.gpu or "", anomaly.uuid)
-        out.add("gpuwatch_anomaly", g + (anomaly.rule, anomaly.severity), 1)
-        out.add("gpuwatch_anomaly_since_timestamp_seconds", g + (anomaly.rule,), anomaly.since_wall)
-    for rule, count in snap.rule_onsets.items():
-        out.add("gpuwatch_anomaly_onsets_total", (rule,), count)
-    for rule, count in snap.rule_errors.items():
-        out.add("gpuwatch_rule_evaluation_errors_total", (rule,), count)
-    return out
-
-
-def _render_workloads(out: Samples, gpu: GpuState, budget: int) -> int:
-    g = (str(gpu.identity.index), gpu.identity.uuid)
-    memory: dict[tuple[str, str], int] = {}
-    jobs = set()
-    for p in gpu.workloads:
-        jobs.add((p.scheduler, p.job_id, p.user))
-        if p.used_memory_bytes is not None:
-            memory[(p.scheduler, p.job_id)] = memory.get((p.scheduler, p.job_id), 0) + p.used_memory_bytes
-        if budget > 0 and p.pid:
-            out.add("gpuwatch_process_memory_used_bytes", g + (str(p.pid), p.scheduler, p.job_id, p.user),
-                    p.used_memory_bytes)
-            budget -= 1
-    for job in jobs:
-        out.add("gpuwatch_gpu_job_info", g + job, 1)
-    for key, used in memory.items():
-        out.add("gpuwatch_workload_memory_used_bytes", g + key, used)
-    return budget
-
-
-def _render_gpu(out: Samples, gpu: GpuState, now: float, fast_bound: float, slow_bound: float) -> None:
-    ident = gpu.identity
-    g = (str(ident.index), ident.uuid)
-    out.add("gpuwatch_gpu_info", g + (
-        ident.name, ident.pci_bus_id, ident.serial or "",
-        "" if ident.minor_number is None else str(ident.minor_number),
-        ident.vbios_version or "", ident.architecture or "",
-    ), 1)
-    out.add("gpuwatch_gpu_up", g, gpu.up)
-    for feature in FEATURES:
-        if feature in gpu.features:
-            out.add("gpuwatch_gpu_feature_supported", g + (feature,), gpu.features[feature])
-    if gpu.features.get("xid_events") or gpu.xid_counts:
-        out.add("gpuwatch_xid_events_total", g, sum(gpu.xid_counts.values()))
-    for xid, count in gpu.xid_counts.items():  # a code's series appears with its first event
-        out.add("gpuwatch_xid_errors_total", g + (str(xid),), count)
-    for xid, ts in gpu.xid_last_timestamp.items():
-        out.add("gpuwatch_xid_last_timestamp_seconds", g + (str(xid),), ts)
-    if not gpu.up:
-        return
-    fast = gpu.fresh_fast(now, fast_bound)
-    slow = gpu.fresh_slow(now, slow_bound)
-    if fast is not None:
-        out.add("gpuwatch_temperature_celsius", g + ("gpu",), fast.temperature_celsius)
-        out.add("gpuwatch_temperature_celsius", g + ("memory",), fast.memory_temperature_celsius)
-        out.add("gpuwatch_temperature_margin_celsius", g, fast.temperature_margin_celsius)
-        for fan in fast.fans:
-            f = g + (str(fan.fan),)
-            out.add("gpuwatch_fan_speed_ratio", f, fan.speed_ratio)
-            out.add("gpuwatch_fan_target_speed_ratio", f, fan.target_speed_ratio)
-            out.add("gpuwatch_fan_speed_rpm", f, fan.speed_rpm)
-        out.add("gpuwatch_power_watts", g, fast.power_watts)
-        out.add("gpuwatch_energy_joules_total", g, fast.energy_joules)
-        out.add("gpuwatch_performance_state", g, fast.performance_state)
-        for engine, ratio in fast.utilization_ratio.items():
-            out.add("gpuwatch_utilization_ratio", g + (engine,), ratio)
-        out.add("gpuwatch_memory_total_bytes", g, fast.memory_total_bytes)
-        out.add("gpuwatch_memory_used_bytes", g, fast.memory_used_bytes)
-        out.add("gpuwatch_memory_free_bytes", g, fast.memory_free_bytes)
-        out.add("gpuwatch_memory_reserved_bytes", g, fast.memory_reserved_bytes)
-        for clock, hz in fast.clock_hertz.items():
-            out.add("gpuwatch_clock_hertz", g + (clock,), hz)
-        for reason, active in fast.clocks_event_active.items():
-            out.add("gpuwatch_clocks_event_active", g + (reason,), active)
-        for reason, seconds in fast.clocks_event_seconds.items():
-            out.add("gpuwatch_clocks_event_seconds_total", g + (reason,), seconds)
-    if slow is not None:
-        for name, celsius in temperature_thresholds(fast, slow).items():
-            out.add("gpuwatch_temperature_threshold_celsius", g + (name,), celsius)
-        for name, celsius in slow.temperature_margin_threshold_celsius.items():
-            out.add("gpuwatch_temperature_margin_threshold_celsius", g + (name,), celsius)
-        for name, watts in slow.power_limit_watts.items():
-            out.add("gpuwatch_power_limit_watts", g + (name,), watts)
-        for clock, hz in slow.clock_max_hertz.items():
-            out.add("gpuwatch_clock_max_hertz", g + (clock,), hz)
-        for (error, counter), count in slow.ecc_errors.items():
-            out.add("gpuwatch_ecc_errors_total", g + (error, counter), count)
-        for error, count in slow.remapped_rows.items():
-            out.add("gpuwatch_remapped_rows_total", g + (error,), count)
-        out.add("gpuwatch_remapped_rows_pending", g, slow.remapped_rows_pending)
-        out.add("gpuwatch_remapped_rows_failed", g, slow.remapped_rows_failed)
-        out.add("gpuwatch_retired_pages_pending", g, slow.retired_pages_pending)
-        for link, gen in slow.pcie_link_generation.items():
-            out.add("gpuwatch_pcie_link_generation", g + (link,), gen)
-        for link, width in slow.pcie_link_width.items():
-            out.add("gpuwatch_pcie_link_width", g + (link,), width)
-        out.add("gpuwatch_pcie_replays_total", g, slow.pcie_replays)

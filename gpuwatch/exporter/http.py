@@ -12,7 +12,6 @@ malformed request or a client that goes away is a debug event, never a traceback
 
 from __future__ import annotations
 
-import gzip
 import html
 import json
 import re
@@ -86,11 +85,9 @@ class App:
 
     def _metrics(self, environ: dict[str, Any], start_response: StartResponse, method: str) -> Iterable[bytes]:
         _, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        body = self._exposition.render(openmetrics=content_type.startswith("application/openmetrics-text"))
-        extra = []
-        if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "") and len(body) > 1024:
-            body = gzip.compress(body, compresslevel=1)
-            extra.append(("Content-Encoding", "gzip"))
+        body, compressed = self._exposition.render(openmetrics=content_type.startswith("application/openmetrics-text"),
+                                                   compress="gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""))
+        extra = [("Content-Encoding", "gzip")] if compressed else []
         return _reply(start_response, "200 OK", body, content_type, extra=extra, head=method == "HEAD")
 
 

@@ -21,6 +21,9 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwatch.errors import ConfigError
+from gpuwatch.groups.clocks import Clocks as _Clocks
+from gpuwatch.groups.memory import Memory
+from gpuwatch.groups.power import Power as _Power
 from gpuwatch.logs import get_logger
 from gpuwatch.model import SEVERITIES, Anomaly, FastSample, GpuState, NodeSnapshot, Observation, SlowSample
 from gpuwatch.rules.base import History, Needs, Rule, RuleConfig, Window, everywhere
@@ -44,6 +47,7 @@ _NOTHING = Observation(False)
 
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+_NO_MEMORY = Memory()
 
 
 def _for_history(sample: FastSample) -> FastSample:
@@ -54,9 +58,12 @@ def _for_history(sample: FastSample) -> FastSample:
     the history's memory (docs/performance.md). A rule that needs one of them from the past must
     add it back here.
     """
+    clocks, power = sample.clocks, sample.power
     return dataclasses.replace(
-        sample, clock_hertz=_EMPTY, memory_total_bytes=None, memory_used_bytes=None, memory_free_bytes=None,
-        memory_reserved_bytes=None, energy_joules=None, performance_state=None, errors=())
+        sample, memory=_NO_MEMORY, errors=(), collected=(),
+        clocks=_Clocks(_EMPTY, clocks.clocks_event_active, clocks.clocks_event_seconds) if clocks.clock_hertz else clocks,
+        power=_Power(power.power_watts) if power.energy_joules is not None or power.performance_state is not None
+        else power)
 
 
 def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[str, RuleConfig]:

@@ -48,7 +48,7 @@ def _fan_stalled(window: Window, uuid: str, config: RuleConfig) -> Observation |
             if commanded:
                 why = f"while the driver asks for {_pct(fan.target_speed_ratio)}"
             else:
-                why = f"while the GPU is at {fast.temperature_celsius:.0f} °C, {headroom:.0f} °C below slowdown"
+                why = f"while the GPU is at {fast.thermal.temperature_celsius:.0f} °C, {headroom:.0f} °C below slowdown"
             return Observation(True, value, threshold,
                                f"{gpu_label(window, uuid)} fan {fan.fan} at {_pct(fan.speed_ratio)}{rpm} {why}")
         if quiet is None:
@@ -108,7 +108,7 @@ def _fan_at_max(window: Window, uuid: str, config: RuleConfig) -> Observation | 
     active = demand >= config["max_ratio"] and headroom <= config["margin_celsius"]
     return Observation(
         active, headroom, config["margin_celsius"],
-        f"{gpu_label(window, uuid)} fans at {_pct(demand)} and the GPU at {fast.temperature_celsius:.0f} °C, "
+        f"{gpu_label(window, uuid)} fans at {_pct(demand)} and the GPU at {fast.thermal.temperature_celsius:.0f} °C, "
         f"{headroom:.0f} °C below its {slowdown:.0f} °C slowdown threshold",
     )
 

@@ -97,10 +97,10 @@ def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observa
     slow = _slow(window, uuid)
     if slow is None:
         return None
-    count = slow.ecc_errors.get(("uncorrected", "volatile"))
+    count = slow.ecc.ecc_errors.get(("uncorrected", "volatile"))
     if count is None:
         return None
-    total = slow.ecc_errors.get(("uncorrected", "aggregate"))
+    total = slow.ecc.ecc_errors.get(("uncorrected", "aggregate"))
     lifetime = "" if total is None else f" ({total} over its lifetime)"
     return Observation(count >= config["min_count"], float(count), config["min_count"],
                        f"{gpu_label(window, uuid)} {count} uncorrectable ECC errors since the last driver load "
@@ -110,7 +110,7 @@ def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observa
 def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str, RuleConfig], Observation | None]:
     def evaluate(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
         slow = _slow(window, uuid)
-        flag = None if slow is None else getattr(slow, field)
+        flag = None if slow is None else getattr(slow.ecc, field)
         if flag is None:
             return None
         return Observation(bool(flag), float(flag), 1.0,
@@ -125,7 +125,7 @@ def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str
 def _busy(sample: FastSample | None, config: RuleConfig) -> bool | None:
     if sample is None:
         return None
-    util = sample.utilization_ratio.get("gpu")
+    util = sample.utilization.utilization_ratio.get("gpu")
     return None if util is None else util >= config["busy_utilization_ratio"]
 
 
@@ -154,7 +154,7 @@ def _pcie_link_degraded(window: Window, uuid: str, config: RuleConfig) -> Observ
     fast = window.fast(uuid)
     if state is None or slow is None or fast is None:
         return None
-    gen, width = slow.pcie_link_generation, slow.pcie_link_width
+    gen, width = slow.pcie.pcie_link_generation, slow.pcie.pcie_link_width
     parts = []
     if "current" in gen and "max" in gen and gen["current"] < gen["max"]:
         parts.append(("generation", gen["current"], gen["max"]))
@@ -196,7 +196,7 @@ def _replays_increase(points: list[tuple[float, int]]) -> int:
 def _replays(history: History[SlowSample], lo: int) -> tuple[int, float, int]:
     """(readings, seconds from the first to the last, increase) of the replay counter in the slow
     samples from ``lo`` on; kept by the history until a slow sample enters or leaves them."""
-    points = [(t, s.pcie_replays) for t, s in history.items[lo:] if s.pcie_replays is not None]
+    points = [(t, s.pcie.pcie_replays) for t, s in history.items[lo:] if s.pcie.pcie_replays is not None]
     if len(points) < 2:
         return len(points), 0.0, 0
     return len(points), points[-1][0] - points[0][0], _replays_increase(points)
@@ -204,7 +204,7 @@ def _replays(history: History[SlowSample], lo: int) -> tuple[int, float, int]:
 
 def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
     slow = _slow(window, uuid)
-    if slow is None or slow.pcie_replays is None:
+    if slow is None or slow.pcie.pcie_replays is None:
         return None
     label = gpu_label(window, uuid)
     lookback, per_minute = config["lookback_seconds"], config["min_per_minute"]
@@ -214,7 +214,7 @@ def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Obser
     rate = increase / span * 60.0
     return Observation(rate >= per_minute, rate, per_minute,
                        f"{label} {rate:.1f} PCIe replays a minute over the last {span / 60:.0f} min "
-                       f"({slow.pcie_replays} since the last reset)")
+                       f"({slow.pcie.pcie_replays} since the last reset)")
 
 
 RULES: tuple[Rule, ...] = (

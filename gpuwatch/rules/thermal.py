@@ -36,7 +36,7 @@ def _label(index: int) -> str:
 def has_counter(reason: str) -> Callable[[FastSample], bool]:
     """Predicate "the sample has the ``reason`` throttle-time counter" (one function per reason,
     as Window.first_last wants)."""
-    return lambda sample: reason in sample.clocks_event_seconds
+    return lambda sample: reason in sample.clocks.clocks_event_seconds
 
 
 @functools.cache
@@ -45,7 +45,7 @@ def reasons_active(reasons: tuple[str, ...], unless: tuple[str, ...] = ()) -> Ca
     per argument pair, as Window.tally wants)."""
 
     def predicate(sample: FastSample) -> bool:
-        active = sample.clocks_event_active
+        active = sample.clocks.clocks_event_active
         return any(active.get(r, False) for r in reasons) and not any(active.get(r, False) for r in unless)
 
     return predicate
@@ -64,7 +64,7 @@ def counter_share(window: Window, uuid: str, reasons: tuple[str, ...], seconds: 
         if ends is None:
             continue
         (t0, s0), (t1, s1) = ends
-        v0, v1 = s0.clocks_event_seconds[reason], s1.clocks_event_seconds[reason]
+        v0, v1 = s0.clocks.clocks_event_seconds[reason], s1.clocks.clocks_event_seconds[reason]
         if t1 <= t0 or v1 < v0:  # one reading, or a counter reset (driver reload): nothing to say this window
             continue
         share = min(1.0, (v1 - v0) / (t1 - t0))
@@ -92,8 +92,8 @@ def _overheating(window: Window, uuid: str, config: RuleConfig) -> Observation |
         return None
     label = gpu_label(window, uuid)
     headroom, slowdown = slowdown_headroom(fast, slow)
-    memory_max = slow.temperature_threshold_celsius.get("memory_max")
-    memory = fast.memory_temperature_celsius
+    memory_max = slow.thermal.temperature_threshold_celsius.get("memory_max")
+    memory = fast.thermal.memory_temperature_celsius
     memory_headroom = None if memory_max is None or memory is None else memory_max - memory
     if headroom is None and memory_headroom is None:
         return None
@@ -107,7 +107,7 @@ def _overheating(window: Window, uuid: str, config: RuleConfig) -> Observation |
         return Observation(False, memory_headroom, config["memory_margin_celsius"],
                            f"{label} memory at {memory:.0f} °C, {memory_headroom:.0f} °C below its maximum")
     return Observation(gpu_hot, headroom, config["margin_celsius"],
-                       f"{label} at {fast.temperature_celsius:.0f} °C, {headroom:.0f} °C below its "
+                       f"{label} at {fast.thermal.temperature_celsius:.0f} °C, {headroom:.0f} °C below its "
                        f"{slowdown:.0f} °C slowdown threshold")
 
 
@@ -115,7 +115,7 @@ def _overheating(window: Window, uuid: str, config: RuleConfig) -> Observation |
 
 
 def _temperature(sample: FastSample) -> float | None:
-    return sample.temperature_celsius
+    return sample.thermal.temperature_celsius
 
 
 def _block_means(window: Window, uuid: str, span: float) -> list[float] | None:
@@ -180,7 +180,7 @@ def _thermal_runaway(window: Window, uuid: str, config: RuleConfig) -> Observati
         return None  # not enough history yet
     spacing = span / 3
     rate = (means[2] - means[1]) / spacing * 60.0  # °C per minute, over the last two blocks
-    temp = fast.temperature_celsius
+    temp = fast.thermal.temperature_celsius
     label = gpu_label(window, uuid)
     seconds = math.inf
     if rate >= config["min_rate_celsius_per_minute"]:
@@ -204,7 +204,7 @@ def _thermal_throttling(window: Window, uuid: str, config: RuleConfig) -> Observ
     fast = window.fast(uuid)
     if fast is None:
         return None
-    active_now = [r for r in THERMAL_REASONS if fast.clocks_event_active.get(r, False)]
+    active_now = [r for r in THERMAL_REASONS if fast.clocks.clocks_event_active.get(r, False)]
     span = config["window_seconds"]
     share = counter_share(window, uuid, THERMAL_COUNTERS, span)
     if share is None:  # no counters on this GPU: the share of polls with a thermal reason set
@@ -227,7 +227,7 @@ def _peers_by_model(window: Window) -> dict[str, tuple[list[float], list[float]]
     lists in ascending order of power. Once per evaluation, shared by every GPU's outlier check."""
     rows: dict[str, list[tuple[float, float]]] = {}
     for uuid, sample in window.fresh():
-        power, temp = sample.power_watts, sample.temperature_celsius
+        power, temp = sample.power.power_watts, sample.thermal.temperature_celsius
         state = window.gpu(uuid)
         if power is not None and temp is not None and state is not None:
             rows.setdefault(state.identity.name, []).append((power, temp))
@@ -261,9 +261,9 @@ def _median_without(values: list[float], value: float) -> float:
 def _thermal_outlier(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
     fast = window.fast(uuid)
     state = window.gpu(uuid)
-    if fast is None or state is None or fast.power_watts is None or fast.temperature_celsius is None:
+    if fast is None or state is None or fast.power.power_watts is None or fast.thermal.temperature_celsius is None:
         return None
-    power, temp = fast.power_watts, fast.temperature_celsius
+    power, temp = fast.power.power_watts, fast.thermal.temperature_celsius
     tolerance = max(config["power_tolerance_ratio"] * power, config["power_tolerance_watts"])
     # The peers of the same model (another model has other thermals) within the tolerance of this
     # GPU's power: a range of the model's GPUs sorted by power, this GPU included.

@@ -22,10 +22,10 @@ def _power_brake(window: Window, uuid: str, config: RuleConfig) -> Observation |
     share = counter_share(window, uuid, reason, span)
     if share is None:
         share = sample_share(window, uuid, reason, span)
-    now = fast.clocks_event_active.get("hw_power_brake_slowdown", False)
+    now = fast.clocks.clocks_event_active.get("hw_power_brake_slowdown", False)
     active = now or (share is not None and share >= config["min_share"])
     share_text = "" if share is None else f", {share * 100:.0f}% of the last {span:.0f} s"
-    clock = fast.clock_hertz.get("graphics")
+    clock = fast.clocks.clock_hertz.get("graphics")
     clock_text = "" if clock is None else f"; graphics clock {clock / 1e6:.0f} MHz"
     state = "active" if now else "not active now"
     return Observation(active, share if share is not None else float(now), config["min_share"],
@@ -41,7 +41,7 @@ def _hw_slowdown(window: Window, uuid: str, config: RuleConfig) -> Observation |
                          unless=("hw_thermal_slowdown", "hw_power_brake_slowdown"))
     if share is None:
         return None
-    clock = fast.clock_hertz.get("graphics")
+    clock = fast.clocks.clock_hertz.get("graphics")
     clock_text = "" if clock is None else f"; graphics clock {clock / 1e6:.0f} MHz"
     return Observation(share >= config["min_share"], share, config["min_share"],
                        f"{gpu_label(window, uuid)} HW slowdown (neither thermal nor power brake) in "
@@ -57,8 +57,8 @@ def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation 
     if share is None:
         return None
     slow = window.slow(uuid)
-    limit = None if slow is None else slow.power_limit_watts.get("enforced")
-    power = fast.power_watts
+    limit = None if slow is None else slow.power.power_limit_watts.get("enforced")
+    power = fast.power.power_watts
     draw = "" if power is None else f" at {power:.0f} W"
     cap = "" if limit is None else f" of its {limit:.0f} W limit"
     return Observation(share >= config["min_share"], share, config["min_share"],

@@ -19,13 +19,13 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
     state = window.gpu(uuid)
     if fast is None or state is None:
         return None
-    utilization = [s.utilization_ratio.get("gpu") for _, s in window.series(uuid, config["window_seconds"])]
+    utilization = [s.utilization.utilization_ratio.get("gpu") for _, s in window.series(uuid, config["window_seconds"])]
     utilization = [u for u in utilization if u is not None]
     if not utilization:
         return None
     busiest = max(utilization)
     jobs = sorted({f"{w.scheduler} {w.job_id}".strip() for w in state.workloads if w.scheduler != "unknown"})
-    memory = fast.memory_used_bytes or 0
+    memory = fast.memory.memory_used_bytes or 0
     held = bool(state.workloads) or memory >= config["min_memory_bytes"]
     label = gpu_label(window, uuid)
     holder = ", ".join(jobs) if jobs else f"{memory / 2**30:.1f} GiB in use"

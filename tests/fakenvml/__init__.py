@@ -54,6 +54,7 @@ field ids             source attribute                       value type
 74-79, 269-271        ``throttle_ns[id]``                    ull
 82                    ``memory_temperature``                 ui
 83                    ``energy_mj``                          ull
+185                   ``power_mw`` (average power, mW)       ui
 94                    ``pcie_replay``                        ui
 142-145               ``remapped_rows``                      ui
 193-196               ``tlimit_thresholds`` (T.Limit scale)  si
@@ -461,6 +462,8 @@ class FakeGpu:
             out[82] = ("ui", self.memory_temperature)
         if self.energy_mj is not None:
             out[83] = ("ull", self.energy_mj)
+        if self.power_mw is not None:  # NVML_FI_DEV_POWER_AVERAGE, scope GPU: what GetPowerUsage reports
+            out[185] = ("ui", self.power_mw)
         if self.pcie_replay is not None:
             out[94] = ("ui", self.pcie_replay)
         if self.remapped_rows is not None:

@@ -1,0 +1,151 @@
+"""The reading groups, in one table, and the per-tier containers of their readings.
+
+A group is switched with ``--collector.<name>`` / ``--no-collector.<name>`` (YAML ``collector:
+{<name>: false}``, env ``GPUWATCH_COLLECTOR_<NAME>``); a disabled group makes no NVML call, has no
+feature series and no metric. ``FastSample``/``SlowSample`` hold one reading per group of that tier
+(a group's attribute keeps its empty default when it is disabled, unsupported or not read).
+
+Where things go (docs/groups.md): a new reading goes into its group's module (reading type, probe
+and read, spec, render), the fake library, the simulator's profile, docs/metrics.md and the golden
+file; a new group is one module here plus its line in ``GROUPS`` and its attribute below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwatch.groups import clocks, ecc, fans, memory, pcie, power, processes, thermal, utilization, xid
+from gpuwatch.groups.base import Group, Spec
+from gpuwatch.groups.clocks import ClockLimits, Clocks
+from gpuwatch.groups.ecc import Ecc
+from gpuwatch.groups.fans import FanReading
+from gpuwatch.groups.memory import Memory
+from gpuwatch.groups.pcie import Pcie
+from gpuwatch.groups.power import Power, PowerLimits
+from gpuwatch.groups.processes import GpuProcess
+from gpuwatch.groups.thermal import TemperatureLimits, Temperatures
+from gpuwatch.groups.utilization import Utilization
+
+GROUPS: tuple[Group, ...] = (
+    thermal.GROUP, fans.GROUP, power.GROUP, clocks.GROUP, utilization.GROUP, memory.GROUP,
+    ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP,
+)
+BY_NAME: Mapping[str, Group] = {g.name: g for g in GROUPS}
+DEFAULT_ENABLED: frozenset[str] = frozenset(g.name for g in GROUPS if g.default)
+ALL: frozenset[str] = frozenset(BY_NAME)
+
+# Capabilities probed once per GPU and exported as gpuwatch_gpu_feature_supported{feature}.
+FEATURES: tuple[str, ...] = tuple(sorted(f for g in GROUPS for f in g.features))
+
+SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
+
+
+def features_of(enabled: Iterable[str]) -> frozenset[str]:
+    return frozenset(f for name in enabled for f in BY_NAME[name].features)
+
+
+@dataclass(frozen=True, slots=True)
+class FastSample:
+    """One GPU's readings of the fast tier (default every 2 s), one attribute per group."""
+
+    thermal: Temperatures = Temperatures()
+    fans: tuple[FanReading, ...] = ()
+    power: Power = Power()
+    clocks: Clocks = Clocks()
+    utilization: Utilization = Utilization()
+    memory: Memory = Memory()
+    # Lowercase NVML error names of queries that failed in this poll (not NOT_SUPPORTED probes).
+    errors: tuple[str, ...] = ()
+    # (group, seconds, succeeded) of each group read for this sample: gpuwatch_collector_*
+    collected: tuple[tuple[str, float, bool], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SlowSample:
+    """One GPU's readings of the slow tier (default every 30 s): limits, thresholds, health counters."""
+
+    thermal: TemperatureLimits = TemperatureLimits()
+    power: PowerLimits = PowerLimits()
+    clocks: ClockLimits = ClockLimits()
+    utilization: Utilization = Utilization()
+    ecc: Ecc = Ecc()
+    pcie: Pcie = Pcie()
+    processes: tuple[GpuProcess, ...] | None = None  # None: not read (unsupported or not collected)
+    errors: tuple[str, ...] = ()
+    collected: tuple[tuple[str, float, bool], ...] = ()
+
+
+def _flat(container: type) -> dict[str, tuple[str, str | None]]:
+    """Reading field name -> (attribute of the container, field of that reading or None for a reading
+    that is one value): the flat names the trace format and the test helpers use."""
+    table: dict[str, tuple[str, str | None]] = {}
+    default = container()
+    for f in dataclasses.fields(container):
+        value = getattr(default, f.name)
+        names = [sub.name for sub in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else [None]
+        for sub in names:
+            flat = sub or f.name
+            assert flat not in table, f"{container.__name__}: {flat} is in two groups"
+            table[flat] = (f.name, sub)
+    return table
+
+
+FAST_FLAT: Mapping[str, tuple[str, str | None]] = _flat(FastSample)
+SLOW_FLAT: Mapping[str, tuple[str, str | None]] = _flat(SlowSample)
+
+
+def _build(container: type, table: Mapping[str, tuple[str, str | None]], values: Mapping[str, Any]) -> Any:
+    readings: dict[str, dict[str, Any]] = {}
+    direct: dict[str, Any] = {}
+    for name, value in values.items():
+        try:
+            attr, sub = table[name]
+        except KeyError:
+            raise TypeError(f"{container.__name__} has no reading {name!r}") from None
+        if sub is None:
+            direct[attr] = value
+        else:
+            readings.setdefault(attr, {})[sub] = value
+    default = _DEFAULTS[container]
+    for attr, fields in readings.items():
+        direct[attr] = dataclasses.replace(getattr(default, attr), **fields)
+    return container(**direct)
+
+
+_DEFAULTS: dict[type, Any] = {FastSample: FastSample(), SlowSample: SlowSample()}
+
+
+def fast_sample(**values: Any) -> FastSample:
+    """A FastSample from flat reading names: ``fast_sample(temperature_celsius=40.0, fans=(...))``."""
+    return _build(FastSample, FAST_FLAT, values)  # type: ignore[no-any-return]
+
+
+def slow_sample(**values: Any) -> SlowSample:
+    """A SlowSample from flat reading names: ``slow_sample(ecc_errors={...}, pcie_replays=3)``."""
+    return _build(SlowSample, SLOW_FLAT, values)  # type: ignore[no-any-return]
+
+
+def flat(sample: FastSample | SlowSample) -> dict[str, Any]:
+    """The sample's readings by flat name (bookkeeping fields included)."""
+    table = FAST_FLAT if isinstance(sample, FastSample) else SLOW_FLAT
+    return {name: getattr(getattr(sample, attr), sub) if sub else getattr(sample, attr)
+            for name, (attr, sub) in table.items()}
+
+
+def only(sample: Any, enabled: frozenset[str]) -> Any:
+    """``sample`` with the readings of disabled groups back at their empty defaults."""
+    default = _DEFAULTS[type(sample)]
+    tier = "fast" if isinstance(sample, FastSample) else "slow"
+    changes = {}
+    for g in GROUPS:
+        attr = getattr(g, tier)
+        if g.name not in enabled and attr is not None and getattr(sample, attr) is not getattr(default, attr):
+            changes[attr] = getattr(default, attr)
+    return dataclasses.replace(sample, **changes) if changes else sample
+
+
+__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "SPECS", "FastSample", "SlowSample",
+           "fast_sample", "flat", "only", "slow_sample", "features_of"]

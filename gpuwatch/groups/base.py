@@ -1,0 +1,152 @@
+"""What a reading group is: the declaration every module in gpuwatch/groups/ makes.
+
+A reading group (node_exporter's collector-per-file) is one domain of readings — temperatures,
+fans, power, clocks, ... — and its module says everything about it:
+
+- its reading types: frozen dataclasses (or tuples) with base units in the field names, one per
+  tier it reads in (fast: every poll, slow: every slow poll). ``None`` or an empty mapping means
+  "not supported"; the field names are unique within a tier and are the names the trace format and
+  the test helpers use;
+- its features (``gpuwatch_gpu_feature_supported{feature}``) and catalogue entries (``Spec``: the
+  metric families it exports, with type, labels and help: unit, NVML source, nvidia-smi name);
+- how it probes and reads NVML (``nvml``): a class built once per GPU at discovery from a
+  ``Device`` (the funnel's probing side), whose ``read_fast``/``read_slow`` take a ``Query`` (the
+  funnel's polling side). Only gpuwatch/backends/nvml.py implements them and imports pynvml; a group
+  names NVML functions by their C name and gets opaque prepared calls back;
+- how its readings render (``render``): a pure function of its fast and slow reading (each None
+  when stale or absent) that emits samples. It never sees a GpuState or a clock.
+
+The registry in gpuwatch/groups/__init__.py lists the groups and gives ``--collector.<group>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+G = ("gpu", "uuid")  # the labels every per-GPU family starts with
+
+LabelValues = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One metric family: the public contract (shared/metrics.md, docs/metrics.md)."""
+
+    name: str
+    type: str  # gauge | counter
+    labels: tuple[str, ...]
+    help: str
+
+
+class Emit(Protocol):
+    """Adds one sample of ``family`` for the GPU being rendered; ``labels`` are the values of the
+    family's labels after ``gpu`` and ``uuid``; a None value is left out (unsupported is absent)."""
+
+    def __call__(self, family: str, labels: LabelValues, value: float | int | bool | None) -> None: ...
+
+
+class Unsupported(Exception):
+    """A probe found that the GPU has no such reading (NOT_SUPPORTED and its kin): a fact, not an error."""
+
+
+class Call(Protocol):
+    """A prepared NVML call: the function, the GPU's handle and the arguments, resolved once at
+    discovery. Opaque to groups: only a Query runs it."""
+
+
+class Device(Protocol):
+    """The funnel at discovery: what a group's ``nvml`` class probes one GPU with."""
+
+    def call(self, function: str, *args: Any) -> Call:
+        """The NVML function ``function`` (its C name, e.g. "nvmlDeviceGetTemperatureV") with the
+        handle first and ``args`` after, prepared; a few names are the funnel's own versioned
+        wrappers (see backends/nvml.py)."""
+        ...
+
+    def probe(self, call: Call) -> Any:
+        """Run ``call`` once: its value; raises Unsupported if the GPU has no such reading. A
+        transient failure answers None (the reading is polled; its errors are counted then)."""
+        ...
+
+    def supported(self, call: Call) -> bool:
+        """Whether ``call`` is worth polling: it answered, or failed for a transient reason."""
+        ...
+
+    def first(self, *calls: Call) -> Call | None:
+        """The first of ``calls`` (newest API first) the GPU supports; None if none."""
+        ...
+
+    def has_field(self, field_id: int) -> bool:
+        """Whether the GPU answered this nvmlDeviceGetFieldValues id at discovery (all the groups'
+        declared ids are probed in one batch before the groups' own probes)."""
+        ...
+
+    def field(self, field_id: int, tier: str) -> bool:
+        """``has_field``, and if so the id is read in ``tier``'s ("fast" or "slow") one batched
+        field-values call of every poll from now on (``Query.field`` hands it out)."""
+        ...
+
+    def option(self, name: str) -> Any:
+        """The value of the group's option ``name`` (``--collector.<group>.<name>``)."""
+        ...
+
+    def feature(self, name: str, supported: bool) -> None:
+        """Record a feature (gpuwatch_gpu_feature_supported) of this GPU."""
+        ...
+
+
+class Query(Protocol):
+    """The funnel during one poll of one GPU: runs prepared calls and hands out field values."""
+
+    def __call__(self, call: Call) -> Any:
+        """The value, or None when the call failed (the error is counted for this group and
+        gpuwatch_poll_errors_total). A lost GPU or a backend that went away raises."""
+        ...
+
+    def field(self, field_id: int) -> float | int | None:
+        """This tier's value of a field id (from the one batched nvmlDeviceGetFieldValues call),
+        decoded by its value type; None if the entry failed or was not asked for."""
+        ...
+
+
+class NvmlReader(Protocol):
+    """A group's NVML side for one GPU, built at discovery (``Group.nvml(device)``)."""
+
+    def read_fast(self, q: Query) -> Any: ...
+
+    def read_slow(self, q: Query) -> Any: ...
+
+
+Render = Callable[[Emit, Any, Any], None]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A reading group's declaration (see the module docstring)."""
+
+    name: str
+    help: str  # one line: what it reads and where (for --help and docs/groups.md)
+    specs: tuple[Spec, ...]
+    features: tuple[str, ...] = ()
+    default: bool = True  # on unless --no-collector.<name>
+    # option -> (default, help): --collector.<name>.<option>; the default's type (bool, int) is the option's
+    options: Mapping[str, tuple[Any, str]] = None  # type: ignore[assignment]
+    fast: str | None = None  # the attribute of its reading in FastSample (None: no fast reading)
+    slow: str | None = None  # ... in SlowSample
+    nvml: Callable[[Device], NvmlReader] | None = None
+    # field id -> what it is: every nvmlDeviceGetFieldValues id the group may read (probed at discovery)
+    fields: Mapping[int, str] = None  # type: ignore[assignment]
+    render: Render | None = None
+    # (GpuState, fresh fast sample, fresh slow sample) -> the two readings render() takes; default:
+    # the group's attribute of each sample. For groups whose readings the store keeps (xid counts,
+    # attributed processes).
+    select: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", dict(self.fields or {}))
+        object.__setattr__(self, "options", dict(self.options or {}))
+
+    def families(self) -> Iterable[str]:
+        return (spec.name for spec in self.specs)

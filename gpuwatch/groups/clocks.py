@@ -1,0 +1,183 @@
+"""clocks: current and maximum clocks, the clock-event (throttle) reasons and their time counters.
+
+Fast tier: nvmlDeviceGetClockInfo for the graphics, SM and memory clocks; the reason mask from
+nvmlDeviceGetCurrentClocksEventReasons (GetCurrentClocksThrottleReasons on older drivers), decoded
+against the supported mask read once; the cumulative throttle-time counters from the tier's field
+batch. Slow tier: the video clock and the maximum clocks (nvmlDeviceGetMaxClockInfo).
+
+The time counters by default are the five nvidia-smi prints ("Clocks Event Reasons Counters"):
+sw_power_cap (74), sync_boost (76) and, since R575, sw/hw_thermal_slowdown and
+hw_power_brake_slowdown (269-271). On older drivers the thermal one is the perf-policy counter 75
+(``thermal``), which NVIDIA maps to 269: with 269 there it is not read (the same counter twice).
+The other perf-policy counters (board_limit 77, low_utilization 78, reliability 79) come with
+``--collector.clocks.policy-counters``.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuwatch.groups.base import Call, Device, Emit, G, Group, Query, Spec
+
+CLOCKS: tuple[str, ...] = ("graphics", "sm", "memory", "video")
+_CLOCK_TYPES = {"graphics": 0, "sm": 1, "memory": 2, "video": 3}  # nvmlClockType_t
+_FAST_CLOCKS = ("graphics", "sm", "memory")  # the video clock is read in the slow tier
+
+# Clock-event (throttle) reason bits, as in nvml.h (nvmlClocksEventReason*).
+CLOCKS_EVENT_REASON_BITS: Mapping[str, int] = {
+    "gpu_idle": 0x001,
+    "applications_clocks_setting": 0x002,
+    "sw_power_cap": 0x004,
+    "hw_slowdown": 0x008,
+    "sync_boost": 0x010,
+    "sw_thermal_slowdown": 0x020,
+    "hw_thermal_slowdown": 0x040,
+    "hw_power_brake_slowdown": 0x080,
+    "display_clock_setting": 0x100,
+}
+_KNOWN_REASON_BITS = sum(CLOCKS_EVENT_REASON_BITS.values())  # distinct bits: the sum is their union
+
+# Throttle-time counters: field id -> reason (gpuwatch_clocks_event_seconds_total{reason}), in ns.
+COUNTERS: Mapping[int, str] = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown",
+                               270: "hw_thermal_slowdown", 271: "hw_power_brake_slowdown"}
+_LEGACY_THERMAL = {75: "thermal"}  # NVML_FI_DEV_PERF_POLICY_THERMAL: read only where 269 is missing
+POLICY_COUNTERS: Mapping[int, str] = {77: "board_limit", 78: "low_utilization", 79: "reliability"}
+ALL_COUNTERS: Mapping[int, str] = {**COUNTERS, **_LEGACY_THERMAL, **POLICY_COUNTERS}
+CLOCKS_EVENT_TIME_REASONS: tuple[str, ...] = tuple(ALL_COUNTERS.values())
+
+
+def decode_clocks_event_reasons(mask: int, supported: int) -> Mapping[str, bool]:
+    """Reason name -> active, for every reason bit the GPU supports.
+
+    The result is shared and read-only (a ``types.MappingProxyType``, cached per ``(mask,
+    supported)`` pair): a GPU's mask rarely changes, so consecutive samples, and the rule engine's
+    history of them, share one mapping instead of holding a new dict each. ``dict(...)`` copies it.
+    """
+    known = _KNOWN_REASON_BITS  # other bits cannot change the result: one cache entry for them all
+    return _decode(mask & supported & known, supported & known)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode(mask: int, supported: int) -> Mapping[str, bool]:
+    return types.MappingProxyType({
+        name: bool(mask & bit) for name, bit in CLOCKS_EVENT_REASON_BITS.items() if supported & bit})
+
+
+@dataclass(frozen=True, slots=True)
+class Clocks:
+    clock_hertz: Mapping[str, float] = field(default_factory=dict)  # graphics, sm, memory (video: slow)
+    clocks_event_active: Mapping[str, bool] = field(default_factory=dict)  # reason -> set now
+    clocks_event_seconds: Mapping[str, float] = field(default_factory=dict)  # reason -> cumulative seconds
+
+
+@dataclass(frozen=True, slots=True)
+class ClockLimits:
+    clock_hertz: Mapping[str, float] = field(default_factory=dict)  # video
+    clock_max_hertz: Mapping[str, float] = field(default_factory=dict)
+
+
+class Nvml:
+    def __init__(self, dev: Device) -> None:
+        def clocks(function: str, names: tuple[str, ...]) -> tuple[tuple[str, Call], ...]:
+            calls = ((name, dev.call(function, _CLOCK_TYPES[name])) for name in names)
+            return tuple((name, call) for name, call in calls if dev.supported(call))
+
+        self.clocks = clocks("nvmlDeviceGetClockInfo", _FAST_CLOCKS)
+        self.video = clocks("nvmlDeviceGetClockInfo", ("video",))
+        self.max_clocks = clocks("nvmlDeviceGetMaxClockInfo", CLOCKS)
+        self.reasons = dev.first(dev.call("nvmlDeviceGetCurrentClocksEventReasons"),
+                                 dev.call("nvmlDeviceGetCurrentClocksThrottleReasons"))
+        self.supported_reasons = 0
+        if self.reasons is not None:
+            mask = dev.first(dev.call("nvmlDeviceGetSupportedClocksEventReasons"),
+                             dev.call("nvmlDeviceGetSupportedClocksThrottleReasons"))
+            try:
+                value = dev.probe(mask) if mask is not None else None
+            except Exception:  # Unsupported, or an error: assume every reason, as nvidia-smi does
+                value = None
+            self.supported_reasons = int(value) if value is not None else _KNOWN_REASON_BITS
+        wanted = dict(COUNTERS)
+        if not dev.has_field(269):
+            wanted.update(_LEGACY_THERMAL)
+        if dev.option("policy-counters"):
+            wanted.update(POLICY_COUNTERS)
+        self.counters = tuple((fid, reason) for fid, reason in ALL_COUNTERS.items()
+                              if fid in wanted and dev.field(fid, "fast"))
+        dev.feature("clocks_event_reasons", self.reasons is not None)
+        dev.feature("clocks_event_time", bool(self.counters))
+
+    def read_fast(self, q: Query) -> Clocks:
+        hertz = {}
+        for name, call in self.clocks:
+            mhz = q(call)
+            if mhz is not None:
+                hertz[name] = mhz * 1e6
+        active: Mapping[str, bool] = {}
+        if self.reasons is not None:
+            mask = q(self.reasons)
+            if mask is not None:
+                active = decode_clocks_event_reasons(int(mask), self.supported_reasons)
+        seconds = {}
+        for fid, reason in self.counters:
+            ns = q.field(fid)
+            if ns is not None:
+                seconds[reason] = ns / 1e9
+        return Clocks(hertz, active, seconds)
+
+    def read_slow(self, q: Query) -> ClockLimits:
+        def read(calls: tuple[tuple[str, Call], ...]) -> dict[str, float]:
+            out = {}
+            for name, call in calls:
+                mhz = q(call)
+                if mhz is not None:
+                    out[name] = mhz * 1e6
+            return out
+
+        return ClockLimits(read(self.video), read(self.max_clocks))
+
+
+def render(emit: Emit, fast: Clocks | None, slow: ClockLimits | None) -> None:
+    current: dict[str, float] = {}
+    if fast is not None:
+        current.update(fast.clock_hertz)
+    if slow is not None:
+        current.update(slow.clock_hertz)
+        for clock, hz in slow.clock_max_hertz.items():
+            emit("gpuwatch_clock_max_hertz", (clock,), hz)
+    for clock, hz in current.items():
+        emit("gpuwatch_clock_hertz", (clock,), hz)
+    if fast is not None:
+        for reason, on in fast.clocks_event_active.items():
+            emit("gpuwatch_clocks_event_active", (reason,), on)
+        for reason, seconds in fast.clocks_event_seconds.items():
+            emit("gpuwatch_clocks_event_seconds_total", (reason,), seconds)
+
+
+GROUP = Group(
+    name="clocks",
+    help="current and maximum clocks, clock-event (throttle) reasons and their time counters",
+    features=("clocks_event_reasons", "clocks_event_time"),
+    options={"policy-counters": (False, "also the perf-policy throttle-time counters board_limit, "
+                                        "low_utilization and reliability (NVML fields 77-79; nvidia-smi no longer "
+                                        "prints them)")},
+    fast="clocks",
+    slow="clocks",
+    nvml=Nvml,
+    fields={fid: f"{reason} throttle time" for fid, reason in ALL_COUNTERS.items()},
+    render=render,
+    specs=(
+        Spec("gpuwatch_clock_hertz", "gauge", G + ("clock",),
+             "Current clock in hertz (nvmlDeviceGetClockInfo; 'Clocks'); the video clock is read in the slow tier."),
+        Spec("gpuwatch_clock_max_hertz", "gauge", G + ("clock",),
+             "Maximum clock in hertz (nvmlDeviceGetMaxClockInfo; 'Max Clocks')."),
+        Spec("gpuwatch_clocks_event_active", "gauge", G + ("reason",),
+             "1 while the clock-event (throttle) reason is active, 0 otherwise; one series per reason the GPU "
+             "supports (nvmlDeviceGetCurrentClocksEventReasons; 'Clocks Event Reasons')."),
+        Spec("gpuwatch_clocks_event_seconds_total", "counter", G + ("reason",),
+             "Cumulative seconds clocks were held down for the reason (NVML throttle-time counters, fields "
+             "NVML_FI_DEV_CLOCKS_EVENT_REASON_* and NVML_FI_DEV_PERF_POLICY_*; 'Clocks Event Reasons Counters')."),
+    ),
+)

@@ -1,0 +1,59 @@
+"""memory: the frame buffer, with nvidia-smi's semantics.
+
+Fast tier: nvmlDeviceGetMemoryInfo_v2 (used excludes the driver's reserved memory, which is its
+own reading), else v1 on older drivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+
+
+class Nvml:
+    def __init__(self, dev: Device) -> None:
+        self.info = dev.first(dev.call("nvmlDeviceGetMemoryInfo_v2"), dev.call("nvmlDeviceGetMemoryInfo"))
+
+    def read_fast(self, q: Query) -> Memory:
+        info = q(self.info) if self.info is not None else None
+        if info is None:
+            return Memory()
+        reserved = getattr(info, "reserved", None)  # v2 only
+        return Memory(int(info.total), int(info.used), int(info.free), None if reserved is None else int(reserved))
+
+    def read_slow(self, q: Query) -> None:
+        return None
+
+
+def render(emit: Emit, fast: Memory | None, slow: None) -> None:
+    if fast is not None:
+        emit("gpuwatch_memory_total_bytes", (), fast.memory_total_bytes)
+        emit("gpuwatch_memory_used_bytes", (), fast.memory_used_bytes)
+        emit("gpuwatch_memory_free_bytes", (), fast.memory_free_bytes)
+        emit("gpuwatch_memory_reserved_bytes", (), fast.memory_reserved_bytes)
+
+
+GROUP = Group(
+    name="memory",
+    help="frame buffer total, used, free and reserved",
+    fast="memory",
+    nvml=Nvml,
+    render=render,
+    specs=(
+        Spec("gpuwatch_memory_total_bytes", "gauge", G,
+             "Frame buffer size in bytes (nvmlDeviceGetMemoryInfo_v2; 'FB Memory Usage Total')."),
+        Spec("gpuwatch_memory_used_bytes", "gauge", G,
+             "Frame buffer in use in bytes, excluding driver-reserved memory where v2 memory info exists ('Used')."),
+        Spec("gpuwatch_memory_free_bytes", "gauge", G, "Free frame buffer in bytes ('Free')."),
+        Spec("gpuwatch_memory_reserved_bytes", "gauge", G, "Frame buffer reserved by the driver in bytes ('Reserved')."),
+    ),
+)

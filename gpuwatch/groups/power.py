@@ -1,0 +1,100 @@
+"""power: power draw, energy, P-state (fast) and the power limits (slow).
+
+Fast tier: the average power draw from field 185 (NVML_FI_DEV_POWER_AVERAGE, scope GPU, R535+) in the
+tier's one field-values batch, else nvmlDeviceGetPowerUsage; energy from field 83; the P-state from
+nvmlDeviceGetPerformanceState. Slow tier: nvmlDeviceGetEnforcedPowerLimit,
+GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+
+_ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
+_POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE, mW (what nvmlDeviceGetPowerUsage reports on Ampere and newer)
+
+
+@dataclass(frozen=True, slots=True)
+class Power:
+    power_watts: float | None = None
+    energy_joules: float | None = None  # since the driver was loaded
+    performance_state: int | None = None  # 0-15, 0 = maximum performance
+
+
+@dataclass(frozen=True, slots=True)
+class PowerLimits:
+    power_limit_watts: Mapping[str, float] = field(default_factory=dict)  # enforced, default, min, max
+
+
+class Nvml:
+    def __init__(self, dev: Device) -> None:
+        self.average = dev.field(_POWER_AVERAGE, "fast")
+        usage = dev.call("nvmlDeviceGetPowerUsage")
+        self.usage = usage if not self.average and dev.supported(usage) else None
+        self.energy = dev.field(_ENERGY, "fast")
+        pstate = dev.call("nvmlDeviceGetPerformanceState")
+        self.pstate = pstate if dev.supported(pstate) else None
+        limits = (("enforced", dev.call("nvmlDeviceGetEnforcedPowerLimit")),
+                  ("default", dev.call("nvmlDeviceGetPowerManagementDefaultLimit")),
+                  ("constraints", dev.call("nvmlDeviceGetPowerManagementLimitConstraints")))
+        self.limits = tuple((name, call) for name, call in limits if dev.supported(call))
+        dev.feature("power", self.average or self.usage is not None)
+        dev.feature("energy", self.energy)
+        dev.feature("power_limit", any(name == "enforced" for name, _ in self.limits))
+
+    def read_fast(self, q: Query) -> Power:
+        mw = q.field(_POWER_AVERAGE) if self.average else (q(self.usage) if self.usage is not None else None)
+        mj = q.field(_ENERGY) if self.energy else None
+        pstate = q(self.pstate) if self.pstate is not None else None
+        return Power(None if mw is None else mw / 1000.0, None if mj is None else mj / 1000.0,
+                     None if pstate is None or pstate > 15 else int(pstate))
+
+    def read_slow(self, q: Query) -> PowerLimits:
+        limits: dict[str, float] = {}
+        for name, call in self.limits:
+            value = q(call)
+            if value is None:
+                continue
+            if name == "constraints":
+                limits["min"], limits["max"] = value[0] / 1000.0, value[1] / 1000.0
+            else:
+                limits[name] = value / 1000.0
+        return PowerLimits(limits)
+
+
+def render(emit: Emit, fast: Power | None, slow: PowerLimits | None) -> None:
+    if fast is not None:
+        emit("gpuwatch_power_watts", (), fast.power_watts)
+        emit("gpuwatch_energy_joules_total", (), fast.energy_joules)
+        emit("gpuwatch_performance_state", (), fast.performance_state)
+    if slow is not None:
+        for name, watts in slow.power_limit_watts.items():
+            emit("gpuwatch_power_limit_watts", (name,), watts)
+
+
+GROUP = Group(
+    name="power",
+    help="power draw, energy counter, P-state and power limits",
+    features=("energy", "power", "power_limit"),
+    fast="power",
+    slow="power",
+    nvml=Nvml,
+    fields={_ENERGY: "energy", _POWER_AVERAGE: "average power"},
+    render=render,
+    specs=(
+        Spec("gpuwatch_power_watts", "gauge", G,
+             "Power draw in watts, a 1 s average on Ampere and newer (field NVML_FI_DEV_POWER_AVERAGE, else "
+             "nvmlDeviceGetPowerUsage; 'Average Power Draw')."),
+        Spec("gpuwatch_power_limit_watts", "gauge", G + ("limit",),
+             "Power limits in watts: enforced (nvmlDeviceGetEnforcedPowerLimit; 'Current Power Limit'), default, "
+             "min and max (nvmlDeviceGetPowerManagementLimitConstraints)."),
+        Spec("gpuwatch_energy_joules_total", "counter", G,
+             "Energy consumed since the driver was loaded, in joules; resets on driver reload "
+             "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)."),
+        Spec("gpuwatch_performance_state", "gauge", G,
+             "Performance state 0-15, 0 = maximum performance (nvmlDeviceGetPerformanceState; 'Performance State')."),
+    ),
+)

@@ -1,0 +1,68 @@
+"""utilization: how busy the GPU, its memory interface and its video engines were.
+
+Fast tier: nvmlDeviceGetUtilizationRates (gpu and memory). Slow tier: the encoder and decoder
+(nvmlDeviceGetEncoderUtilization, GetDecoderUtilization), which a monitor of compute nodes needs
+less often: two calls fewer every fast poll.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+
+ENGINES: tuple[str, ...] = ("gpu", "memory", "encoder", "decoder")
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    utilization_ratio: Mapping[str, float] = field(default_factory=dict)  # engine -> 0..1
+
+
+class Nvml:
+    def __init__(self, dev: Device) -> None:
+        rates = dev.call("nvmlDeviceGetUtilizationRates")
+        self.rates = rates if dev.supported(rates) else None
+        self.engines = tuple((engine, call) for engine, call in (
+            ("encoder", dev.call("nvmlDeviceGetEncoderUtilization")),
+            ("decoder", dev.call("nvmlDeviceGetDecoderUtilization"))) if dev.supported(call))
+        dev.feature("utilization", self.rates is not None)
+
+    def read_fast(self, q: Query) -> Utilization:
+        rates = q(self.rates) if self.rates is not None else None
+        if rates is None:
+            return Utilization()
+        return Utilization({"gpu": rates.gpu / 100.0, "memory": rates.memory / 100.0})
+
+    def read_slow(self, q: Query) -> Utilization:
+        ratios = {}
+        for engine, call in self.engines:
+            value = q(call)  # (utilization %, sampling period µs)
+            if value is not None:
+                ratios[engine] = value[0] / 100.0
+        return Utilization(ratios)
+
+
+def render(emit: Emit, fast: Utilization | None, slow: Utilization | None) -> None:
+    for reading in (fast, slow):
+        if reading is not None:
+            for engine, ratio in reading.utilization_ratio.items():
+                emit("gpuwatch_utilization_ratio", (engine,), ratio)
+
+
+GROUP = Group(
+    name="utilization",
+    help="GPU, memory, encoder and decoder utilization",
+    features=("utilization",),
+    fast="utilization",
+    slow="utilization",
+    nvml=Nvml,
+    render=render,
+    specs=(
+        Spec("gpuwatch_utilization_ratio", "gauge", G + ("engine",),
+             "Fraction of the last sample period the engine was busy (nvmlDeviceGetUtilizationRates; "
+             "encoder and decoder from nvmlDeviceGetEncoder/DecoderUtilization, read in the slow tier; "
+             "'Utilization')."),
+    ),
+)
