@@ -211,3 +211,44 @@ def test_xid_event_becomes_a_counter(start):
     assert d.value("gpuwatch_xid_errors_total", **labels(node, 0, xid="79")) is None
     events = [e for e in d.events() if e["event"] == "xid_event"]
     assert len(events) == 1 and events[0]["xid"] == 79 and events[0]["gpu"] == "1"
+
+
+def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
+    """--no-collector.<group>: not probed, not read (the fake library counts every call), no feature
+    series and no metric; the enabled groups go on as usual and report their own success."""
+    node = fakenvml.FakeNode.from_profiles(["rtx", "h200"])  # the RTX has fans
+    node.gpus[0].add_process(4242, 2**30)
+    d = start(node, args=["--no-collector.clocks", "--no-collector.fans", "--no-collector.processes",
+                          "--no-collector.xid", "--no-collector.ecc"])
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= 2 * 4, what="the probe and 3 polls")
+    counts = d.fx.counts()
+    silent = ["nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
+              "nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetNumFans", "nvmlDeviceGetFanSpeed_v2",
+              "nvmlDeviceGetTargetFanSpeed", "nvmlDeviceGetComputeRunningProcesses_v3",
+              "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents", "nvmlEventSetCreate",
+              "nvmlEventSetWait_v2"]
+    assert {name: counts.get(name, 0) for name in silent} == dict.fromkeys(silent, 0)
+    m = d.metrics()
+    families = {name for name, _ in m}
+    for gone in ("gpuwatch_clock_hertz", "gpuwatch_clocks_event_active", "gpuwatch_fan_speed_ratio",
+                 "gpuwatch_gpu_job_info", "gpuwatch_xid_events_total", "gpuwatch_ecc_errors_total"):
+        assert gone not in families, gone
+    features = {dict(k[1])["feature"] for k in m if k[0] == "gpuwatch_gpu_feature_supported"}
+    assert features == {"energy", "memory_temperature", "pcie", "power", "power_limit", "temperature_margin",
+                        "utilization"}
+    groups_seen = {dict(k[1])["group"]: v for k, v in m.items() if k[0] == "gpuwatch_collector_success"}
+    assert groups_seen == {"thermal": 1, "power": 1, "utilization": 1, "memory": 1, "pcie": 1}
+    assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="gpu")) == node.gpus[0].temperature
+
+
+def test_a_failing_reading_marks_its_group_not_the_others(start):
+    """An error in one group's call on one GPU: that group's collector_success is 0, the others 1."""
+    node = fakenvml.FakeNode.h200(2)
+    node.gpus[1].set_error("nvmlDeviceGetUtilizationRates", 999)  # UNKNOWN
+    d = start(node)
+    d.wait_value("gpuwatch_collector_success", 0, group="utilization")
+    assert d.value("gpuwatch_collector_success", group="thermal") == 1
+    assert d.value("gpuwatch_collector_success", group="clocks") == 1
+    assert d.value("gpuwatch_collector_duration_seconds", group="thermal") > 0
+    assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is not None
