@@ -269,7 +269,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
     Option("sim.scenario", "sim_scenario", str,
            "simulated backend: play a named scenario, one per anomaly rule (list them: gpuwatch demo --list)"),
-    Option("replay.file", "replay_file", _existing("replay.file", hint=" (write one with `gpuwatch record --output FILE`)"),
+    Option("replay.file", "replay_file",
+           _existing("replay.file", hint=" (write one with `gpuwatch record --output FILE`)"),
            "replay backend: trace file to play, written by `gpuwatch record` (docs/trace-format.md)"),
     Option("replay.speed", "replay_speed", _float("replay.speed", unit=""),
            "replay backend: trace seconds per real second, e.g. 10 (default 1)"),
@@ -277,7 +278,8 @@ OPTIONS: tuple[Option, ...] = (
            "replay backend: start over at the end of the trace instead of holding its last state", switch=True),
     Option("attribution.proc-root", "attribution_proc_root", _existing("attribution.proc-root", directory=True),
            "where to read PIDs' cgroups and owners (default /proc)"),
-    Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir", _existing("attribution.hpc-job-mapping-dir", directory=True),
+    Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir",
+           _existing("attribution.hpc-job-mapping-dir", directory=True),
            "dcgm-exporter style directory of job ids per GPU index, written by a Slurm prolog (default: none)"),
     Option("rules.expected-gpus", "rules_expected_gpus", _int("rules.expected-gpus", 0, 4096),
            "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),
@@ -305,7 +307,8 @@ def _collector_options() -> tuple[Option, ...]:
             key = f"collector.{g.name}.{name}"
             switch = isinstance(default, bool)
             parse = _bool(key) if switch else _int(key, 1, 1_000_000)
-            options.append(Option(key, f"collector:{g.name}.{name}", parse, f"{text} (default {default})", switch=switch))
+            options.append(Option(key, f"collector:{g.name}.{name}", parse, f"{text} (default {default})",
+                                  switch=switch))
     return tuple(options)
 
 
@@ -319,7 +322,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for option in OPTIONS:
         _add(parser, option)
     collectors = parser.add_argument_group(
-        "reading groups", "switch a group off with --no-collector.<group> (its NVML calls and metrics go); docs/groups.md")
+        "reading groups",
+        "switch a group off with --no-collector.<group> (its NVML calls and metrics go); docs/groups.md")
     for option in COLLECTOR_OPTIONS:
         _add(collectors, option)
         if option.key.count(".") == 1:  # the group itself

@@ -33,7 +33,8 @@ def gpu_line(gpu: GpuState, now: float, bound: float, anomalies: list[str] | Non
         state = "ANOMALY " + ",".join(anomalies) + " | " + state
     sm = fast.clocks.clock_hertz.get("sm")
     return (
-        f"{index:>3}  {_fmt(fast.thermal.temperature_celsius, '{:.0f}°C'):>6}  {_fmt(limits.get('slowdown'), '{:.0f}°C'):>6}  "
+        f"{index:>3}  {_fmt(fast.thermal.temperature_celsius, '{:.0f}°C'):>6}  "
+        f"{_fmt(limits.get('slowdown'), '{:.0f}°C'):>6}  "
         f"{_fmt(fan, '{:.0%}', 'n/a'):>5}  {_fmt(fast.power.power_watts, '{:.0f} W'):>7}  "
         f"{_fmt(fast.utilization.utilization_ratio.get('gpu'), '{:.0%}'):>5}  "
         f"{_fmt(None if sm is None else sm / 1e6, '{:.0f} MHz'):>9}  {state}"

@@ -48,7 +48,7 @@ def _drop() -> None:
 
 def _event_first(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     """timestamp, level and event lead every line; the context keys follow."""
-    head = {k: event_dict.pop(k) for k in ("timestamp", "level", "event") if k in event_dict}
+    head: dict[str, Any] = {k: event_dict.pop(k) for k in ("timestamp", "level", "event") if k in event_dict}
     return {**head, **event_dict}
 
 
@@ -100,7 +100,7 @@ def say(text: str) -> None:
 
 
 def _never_raises(cls: type) -> type:
-    class Safe(cls):  # type: ignore[misc, valid-type]
+    class Safe(cls):  # a subclass of the class structlog makes for the level
         def _proxy_to_logger(self, method_name: str, event: str | None = None, **event_kw: Any) -> Any:
             try:
                 return super()._proxy_to_logger(method_name, event, **event_kw)

@@ -28,7 +28,7 @@ from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.logs import Repeats, get_logger
-from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo, SlowSample
+from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, ProcessInfo, SlowSample
 from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
@@ -63,7 +63,7 @@ class SteadyScheduler(BackgroundScheduler):
         if self._offset is not None and abs(offset - self._offset) > CLOCK_STEP_SECONDS:
             self._shift(offset - self._offset)
         self._offset = offset
-        return super()._process_jobs()  # type: ignore[no-any-return]
+        return super()._process_jobs()
 
     def _shift(self, seconds: float) -> None:
         delta = timedelta(seconds=seconds)
@@ -274,13 +274,13 @@ class Poller:
                 if entry is not None:
                     entry[0] += seconds
                     entry[1] = entry[1] and ok
-            if tier == "slow":
+            if isinstance(sample, SlowSample):
                 attributed = time.perf_counter()
                 workloads = self._workloads(identity, sample)
                 if "processes" in stats:
                     stats["processes"][0] += time.perf_counter() - attributed
                 self._store.put_slow(uuid, sample, workloads)
-            else:
+            elif isinstance(sample, FastSample):
                 self._store.put_fast(uuid, sample)
         self._store.poll_finished(tier, complete, time.perf_counter() - started, errors,
                                   {name: (seconds, ok and complete) for name, (seconds, ok) in stats.items()})

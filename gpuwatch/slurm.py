@@ -360,7 +360,8 @@ def enforce(document: Mapping[str, Any] | None, settings: Settings, now: float |
     except ScontrolError as exc:
         action = None
         lines.append(f"gpuwatch: ERROR: cannot read the Slurm state of node {settings.node}: {exc}")
-        log.error("slurm_action_failed", **ctx, action=want, reason=drain_reason(list(v.critical)) if want == DRAIN else "",
+        log.error("slurm_action_failed", **ctx, action=want,
+                  reason=drain_reason(list(v.critical)) if want == DRAIN else "",
                   error=str(exc), hint="the node was not changed; the next run tries again")
     if action is not None:
         node_state = None if node is None else node.state

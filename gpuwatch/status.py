@@ -40,7 +40,8 @@ def status_document(snap: NodeSnapshot, now: float, staleness: Callable[[str], f
         polls[name] = {
             "success": tier.success,
             "last_completed": tier.last_completed_wall,
-            "age_seconds": None if tier.last_completed_monotonic is None else round(now - tier.last_completed_monotonic, 3),
+            "age_seconds": (None if tier.last_completed_monotonic is None
+                            else round(now - tier.last_completed_monotonic, 3)),
             "duration_seconds": tier.duration_seconds,
             "staleness_bound_seconds": staleness(name),
         }

@@ -180,7 +180,7 @@ def test_a_rule_that_raises_fails_alone_and_the_watchdog_stays_fed(capsys):
     on every GPU, an anomaly of another rule still fires, and Agent.alive() (the watchdog) is fine."""
     import dataclasses
 
-    from gpuwatch.cli import Agent
+    from gpuwatch.agent import Agent
     from gpuwatch.config import Config
     from gpuwatch.testing import ScriptedBackend
 

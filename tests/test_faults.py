@@ -166,7 +166,7 @@ def test_reload_with_unreadable_configs_keeps_the_old_one(node_daemon, tmp_path)
     for n, content in enumerate(bad, 1):
         config.write_bytes(content)
         d.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: len([e for e in d.events() if e["event"] == "reload_failed"]) == n, what="reload_failed")
+        wait_for(lambda n=n: len([e for e in d.events() if e["event"] == "reload_failed"]) == n, what="reload_failed")
     config.unlink()
     d.proc.send_signal(signal.SIGHUP)
     failed = wait_for(lambda: [e for e in d.events() if e["event"] == "reload_failed"][2:], what="third failure")
@@ -210,7 +210,8 @@ def test_a_log_reader_that_goes_away_loses_lines_not_the_daemon(tmp_path):
             node.add_xid(gpu=1, xid=xid)
             fx.write(node)
             count = 1 if xid == 79 else 2
-            wait_for(lambda: metrics().get(("gpuwatch_xid_events_total", (("gpu", "1"), ("uuid", uuid)))) == count,
+            wait_for(lambda count=count: metrics().get(("gpuwatch_xid_events_total", (("gpu", "1"), ("uuid", uuid))))
+                     == count,
                      what=f"{count} XID events counted")
         proc.send_signal(signal.SIGHUP)  # logs `reloaded` into the broken pipe
         wait_for(lambda: metrics()[("gpuwatch_log_dropped_total", ())] >= 3, what="dropped lines counted")
@@ -298,7 +299,7 @@ def test_wall_clock_steps_do_not_stall_or_burst_the_polls(node_daemon, tmp_path)
         before = polls()
         offset.write_text(step + "\n")
         # 20 polls of 0.25 s; a stall would take the whole step (300 s) and fail the deadline
-        wait_for(lambda: polled(before + 20), timeout=30, what=f"20 polls after a {step} s step")
+        wait_for(lambda before=before: polled(before + 20), timeout=30, what=f"20 polls after a {step} s step")
         assert polls() - before < 60  # a burst of catch-up polls would be hundreds (600 s / 0.25 s)
     assert set(health) == {200}
     steps = [e["seconds"] for e in d.events() if e["event"] == "clock_step"]

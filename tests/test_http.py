@@ -7,10 +7,10 @@ import urllib.request
 import pytest
 
 from gpuwatch.clock import FakeClock
-from gpuwatch.exporter.http import App, HttpServers
 from gpuwatch.poller import Poller
 from gpuwatch.store import Store
 from gpuwatch.testing import ScriptedBackend, registry_for
+from gpuwatch.web import App, HttpServers
 
 
 @pytest.fixture()

@@ -3,6 +3,7 @@
 import json
 import threading
 
+from daemon import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch.clock import FakeClock
@@ -138,21 +139,13 @@ def test_wedged_call_skips_runs_without_piling_up_and_resumes(capsys):
     backend.block = threading.Event()
     scheduler_poller.start()
     try:
-        deadline = threading.Event()
-        for _ in range(100):
-            if [e for e in log_events(capsys) if e["event"] == "poll_overrun"]:
-                break
-            deadline.wait(0.05)
-        else:
-            raise AssertionError("no poll_overrun logged while the read was blocked")
+        seen: list[dict] = []
+        wait_for(lambda: [e for e in seen.extend(log_events(capsys)) or seen if e["event"] == "poll_overrun"],
+                 what="poll_overrun while the read is blocked")
         assert backend.calls.get("read_fast", 0) == 1
         assert threading.active_count() < 20
         backend.block.set()
-        for _ in range(100):
-            if backend.calls.get("read_fast", 0) >= 3:
-                break
-            deadline.wait(0.05)
-        assert backend.calls["read_fast"] >= 3
+        wait_for(lambda: backend.calls.get("read_fast", 0) >= 3, what="polls resuming")
     finally:
         backend.block.set()
         scheduler_poller.stop()

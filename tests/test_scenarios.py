@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from daemon import wait_for
 
 from gpuwatch.backends.simulated import Fault, Scenario, SimulatedBackend, scenarios
 from gpuwatch.clock import FakeClock
@@ -181,10 +182,7 @@ def test_hang_blocks_reads_until_the_window_ends_by_the_clock():
     done = threading.Event()
     reader = threading.Thread(target=lambda: (backend.read_fast(uuid), done.set()), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 10
-    while not backend.hung_reads:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    wait_for(lambda: backend.hung_reads, what="the read to hang")
     assert not done.is_set()
     clock.advance(8)
     reader.join(10)
@@ -201,8 +199,7 @@ def test_hang_blocks_reads_until_the_window_ends_by_the_clock():
 
     blocked = threading.Thread(target=read, daemon=True)
     blocked.start()
-    while not backend2.hung_reads:
-        time.sleep(0.001)
+    wait_for(lambda: backend2.hung_reads, what="the read to hang")
     backend2.close()
     blocked.join(10)
     assert failed == [True]

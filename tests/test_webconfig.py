@@ -24,13 +24,13 @@ import bcrypt
 import pytest
 
 from gpuwatch import config as configuration
-from gpuwatch import webconfig
+from gpuwatch import web as webconfig
 from gpuwatch.clock import FakeClock
 from gpuwatch.errors import ConfigError
-from gpuwatch.exporter.http import App, HttpServers
 from gpuwatch.poller import Poller
 from gpuwatch.store import Store
 from gpuwatch.testing import ScriptedBackend, registry_for
+from gpuwatch.web import App, HttpServers
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "deploy" / "web-config.example.yml"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from gpuwatch import __version__, groups, logs
@@ -42,6 +43,11 @@ class Exposition:
         self._lock = threading.Lock()
         self._lines: tuple[Any, dict[str, list[str]]] | None = None
         self._bodies: dict[tuple[bool, bool], tuple[Any, bytes, bool]] = {}
+
+    @staticmethod
+    def content_type(accept: str) -> str:
+        """The Content-Type to answer a request's Accept header with (OpenMetrics if it asks for it)."""
+        return str(choose_encoder(accept)[1])
 
     def render(self, openmetrics: bool = False, compress: bool = False) -> tuple[bytes, bool]:
         """(body, gzip-compressed) of the format asked for; compressed only if asked and worth it."""

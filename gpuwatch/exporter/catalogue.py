@@ -45,8 +45,10 @@ _SPECS = (
     # the exporter itself
     Spec("gpuwatch_poll_success", "gauge", ("tier",),
          "1 if the last poll of the tier completed for every visible GPU and is not older than the staleness bound."),
-    Spec("gpuwatch_poll_duration_seconds", "gauge", ("tier",), "Duration of the last completed poll of the tier in seconds."),
-    Spec("gpuwatch_last_poll_timestamp_seconds", "gauge", ("tier",), "Unix time of the last completed poll of the tier."),
+    Spec("gpuwatch_poll_duration_seconds", "gauge", ("tier",),
+         "Duration of the last completed poll of the tier in seconds."),
+    Spec("gpuwatch_last_poll_timestamp_seconds", "gauge", ("tier",),
+         "Unix time of the last completed poll of the tier."),
     Spec("gpuwatch_poll_errors_total", "counter", ("tier", "error"),
          "Failed NVML queries by NVML error name (lowercase), e.g. gpu_is_lost, timeout, unknown."),
     Spec("gpuwatch_log_dropped_total", "counter", (),

@@ -120,12 +120,12 @@ _DEFAULTS: dict[type, Any] = {FastSample: FastSample(), SlowSample: SlowSample()
 
 def fast_sample(**values: Any) -> FastSample:
     """A FastSample from flat reading names: ``fast_sample(temperature_celsius=40.0, fans=(...))``."""
-    return _build(FastSample, FAST_FLAT, values)  # type: ignore[no-any-return]
+    return _build(FastSample, FAST_FLAT, values)
 
 
 def slow_sample(**values: Any) -> SlowSample:
     """A SlowSample from flat reading names: ``slow_sample(ecc_errors={...}, pcie_replays=3)``."""
-    return _build(SlowSample, SLOW_FLAT, values)  # type: ignore[no-any-return]
+    return _build(SlowSample, SLOW_FLAT, values)
 
 
 def flat(sample: FastSample | SlowSample) -> dict[str, Any]:

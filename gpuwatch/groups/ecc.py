@@ -85,6 +85,7 @@ GROUP = Group(
         Spec("gpuwatch_remapped_rows_failed", "gauge", G,
              "1 when a row remap failed: the GPU needs service ('Remapping Failure Occurred')."),
         Spec("gpuwatch_retired_pages_pending", "gauge", G,
-             "1 when page retirement waits for a reboot (field NVML_FI_DEV_RETIRED_PENDING; 'Pending Page Blacklist')."),
+             "1 when page retirement waits for a reboot (field NVML_FI_DEV_RETIRED_PENDING; "
+             "'Pending Page Blacklist')."),
     ),
 )

@@ -54,6 +54,7 @@ GROUP = Group(
         Spec("gpuwatch_memory_used_bytes", "gauge", G,
              "Frame buffer in use in bytes, excluding driver-reserved memory where v2 memory info exists ('Used')."),
         Spec("gpuwatch_memory_free_bytes", "gauge", G, "Free frame buffer in bytes ('Free')."),
-        Spec("gpuwatch_memory_reserved_bytes", "gauge", G, "Frame buffer reserved by the driver in bytes ('Reserved')."),
+        Spec("gpuwatch_memory_reserved_bytes", "gauge", G,
+             "Frame buffer reserved by the driver in bytes ('Reserved')."),
     ),
 )

@@ -59,11 +59,11 @@ def _for_history(sample: FastSample) -> FastSample:
     add it back here.
     """
     clocks, power = sample.clocks, sample.power
-    return dataclasses.replace(
-        sample, memory=_NO_MEMORY, errors=(), collected=(),
-        clocks=_Clocks(_EMPTY, clocks.clocks_event_active, clocks.clocks_event_seconds) if clocks.clock_hertz else clocks,
-        power=_Power(power.power_watts) if power.energy_joules is not None or power.performance_state is not None
-        else power)
+    if clocks.clock_hertz:
+        clocks = _Clocks(_EMPTY, clocks.clocks_event_active, clocks.clocks_event_seconds)
+    if power.energy_joules is not None or power.performance_state is not None:
+        power = _Power(power.power_watts)
+    return dataclasses.replace(sample, memory=_NO_MEMORY, errors=(), collected=(), clocks=clocks, power=power)
 
 
 def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[str, RuleConfig]:
@@ -251,7 +251,8 @@ class Engine:
                 try:
                     obs = rule.evaluate(window, config)
                 except Exception as exc:
-                    obs = self._failed(rule, None, None, exc)
+                    self._failed(rule, None, None, exc)
+                    obs = None
                 result.append(step(rule, config, None, None, obs, now, wall))
                 continue
             evaluate = rule.evaluate
@@ -263,12 +264,14 @@ class Engine:
                 try:
                     obs = evaluate(window, uuid, config)
                 except Exception as exc:  # a bug in one rule on one GPU's odd reading stays there
-                    obs = self._failed(rule, uuid, labels[i], exc)
+                    self._failed(rule, uuid, labels[i], exc)
+                    obs = None
                 result.append(step(rule, config, uuid, labels[i], obs, now, wall))
         return tuple(result)
 
     def _failed(self, rule: Rule, uuid: str | None, gpu: str | None, exc: Exception) -> None:
-        """Count the failure; log it once per (rule, GPU). None: the rule's state there stays as it was."""
+        """Count the failure; log it once per (rule, GPU). The caller then observes nothing (None): the
+        rule's state on that GPU stays as it was."""
         self._errors[rule.id] = self._errors.get(rule.id, 0) + 1
         if (rule.id, uuid) not in self._failed_logged:
             self._failed_logged.add((rule.id, uuid))
@@ -276,7 +279,6 @@ class Engine:
                             exc_info=exc,
                             hint="a bug in this rule: its state on this GPU is frozen, the other rules and GPUs are "
                                  "evaluated as usual (gpuwatch_rule_evaluation_errors_total); please report it")
-        return None
 
     def _applies(self, rule: Rule, state: GpuState) -> bool:
         try:

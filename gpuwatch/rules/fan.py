@@ -100,8 +100,8 @@ def _fan_at_max(window: Window, uuid: str, config: RuleConfig) -> Observation | 
     headroom, slowdown = slowdown_headroom(fast, window.slow(uuid))
     if headroom is None:
         return None
-    demands = [f.target_speed_ratio if f.target_speed_ratio is not None else f.speed_ratio for f in fast.fans]
-    demands = [d for d in demands if d is not None]
+    wanted = [f.target_speed_ratio if f.target_speed_ratio is not None else f.speed_ratio for f in fast.fans]
+    demands = [d for d in wanted if d is not None]
     if not demands:
         return None
     demand = min(demands)  # every fan at its maximum

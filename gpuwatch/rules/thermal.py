@@ -181,6 +181,8 @@ def _thermal_runaway(window: Window, uuid: str, config: RuleConfig) -> Observati
     spacing = span / 3
     rate = (means[2] - means[1]) / spacing * 60.0  # °C per minute, over the last two blocks
     temp = fast.thermal.temperature_celsius
+    if temp is None:
+        return None
     label = gpu_label(window, uuid)
     seconds = math.inf
     if rate >= config["min_rate_celsius_per_minute"]:

@@ -19,8 +19,8 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
     state = window.gpu(uuid)
     if fast is None or state is None:
         return None
-    utilization = [s.utilization.utilization_ratio.get("gpu") for _, s in window.series(uuid, config["window_seconds"])]
-    utilization = [u for u in utilization if u is not None]
+    readings = [s.utilization.utilization_ratio.get("gpu") for _, s in window.series(uuid, config["window_seconds"])]
+    utilization = [u for u in readings if u is not None]
     if not utilization:
         return None
     busiest = max(utilization)

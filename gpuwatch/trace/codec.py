@@ -134,7 +134,7 @@ def _pair_mapping(value_codec: Codec) -> Codec:
                     f"field {name!r}: key {key!r} is not of the form 'first{KEY_SEPARATOR}second' "
                     f"(e.g. 'uncorrected{KEY_SEPARATOR}volatile')"
                 )
-            result[parts] = value_codec.decode(item, f"{name}.{key}")  # type: ignore[index]
+            result[parts] = value_codec.decode(item, f"{name}.{key}")
         return result
 
     return Codec(encode, decode, f"object of {value_codec.kind}s")
@@ -205,7 +205,7 @@ def codec_for(hint: Any) -> Codec:
 
 
 @functools.cache
-def fields_of(cls: type) -> dict[str, Codec]:
+def fields_of(cls: Any) -> dict[str, Codec]:
     """Field name -> codec of a dataclass, from its annotations."""
     hints = typing.get_type_hints(cls)
     return {f.name: codec_for(hints[f.name]) for f in dataclasses.fields(cls)}
@@ -221,7 +221,8 @@ def _sample_fields(container: type, flat: Mapping[str, tuple[str, str | None]]) 
         if sub is None:
             table[name] = codec_for(hints[attr])
         else:
-            table[name] = fields_of(type(getattr(container(), attr)))[sub]
+            reading: Any = type(getattr(container(), attr))
+            table[name] = fields_of(reading)[sub]
     return table
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from gpuwatch import __version__
 from gpuwatch.errors import ReplayFormatError
 from gpuwatch.model import DriverInfo
-from gpuwatch.trace.codec import FLOAT, STR, bad, decode_driver, decode_float, describe, is_int
+from gpuwatch.trace.codec import FLOAT, STR, bad, decode_driver, decode_float, describe
 from gpuwatch.trace.records import FORMAT, READABLE_VERSIONS, RECORD_TYPES, Record, _decode_record, _need
 
 
@@ -55,7 +55,7 @@ def _decode_header(data: Any) -> TraceHeader:
         raise ReplayFormatError(f"not a gpuwatch trace: format is {describe(data.get('format'))}, expected {FORMAT!r}")
     version = data.get("version")
     readable = ", ".join(str(v) for v in READABLE_VERSIONS)
-    if not is_int(version) or version < 1:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ReplayFormatError(f"invalid trace format version {describe(version)}: expected a whole number >= 1")
     if version not in READABLE_VERSIONS:
         raise ReplayFormatError(

@@ -26,21 +26,15 @@ toolkit and the behaviour.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import http.client
 import os
 import re
 import ssl
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-
-import bcrypt
 
 from gpuwatch import logs
 from gpuwatch.errors import ConfigError
@@ -402,7 +396,7 @@ def _http(value: Any, where: str) -> tuple[tuple[tuple[str, str], ...], bool]:
 # -- reloading -------------------------------------------------------------------------------------
 
 def _signature(files: tuple[str, ...]) -> tuple[Any, ...]:
-    result = []
+    result: list[tuple[Any, ...]] = []
     for name in files:
         try:
             st = os.stat(name)
@@ -453,149 +447,3 @@ class WebConfigSource:
             logs.get_logger(component="http").info("web_config_reloaded", path=new.path, tls=new.tls is not None,
                                                    users=len(new.users))
             return new
-
-
-# -- basic auth ------------------------------------------------------------------------------------
-
-class Authenticator:
-    """Checks ``Authorization: Basic`` credentials against bcrypt hashes, caching the successes.
-
-    The cache holds SHA-256 digests of (user, hash, password) of recent successes only, bounded in
-    size: a wrong password always pays the full bcrypt cost, a changed hash (reload) misses the cache.
-    """
-
-    def __init__(self, size: int = 64) -> None:
-        self._size = size
-        self._ok: OrderedDict[bytes, None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def verify(self, users: Mapping[str, str], header: str | None) -> str | None:
-        """The user name when ``header`` carries valid credentials for one of ``users``, else None."""
-        credentials = parse_basic(header)
-        if credentials is None:
-            return None
-        user, password = credentials
-        hashed = users.get(user)
-        secret = password.encode("utf-8", "surrogateescape")[:_BCRYPT_MAX]
-        key = hashlib.sha256(b"\0".join([user.encode("utf-8", "surrogateescape"), (hashed or "").encode(),
-                                         secret])).digest()
-        if hashed is not None:
-            with self._lock:
-                if key in self._ok:
-                    self._ok.move_to_end(key)
-                    return user
-        try:
-            ok = bcrypt.checkpw(secret, hashed.encode() if hashed is not None else _DUMMY_HASH)
-        except ValueError:
-            ok = False
-        if not ok or hashed is None:
-            return None
-        with self._lock:
-            self._ok[key] = None
-            while len(self._ok) > self._size:
-                self._ok.popitem(last=False)
-        return user
-
-
-def parse_basic(header: str | None) -> tuple[str, str] | None:
-    """(user, password) from an ``Authorization: Basic ...`` header value, None when absent or malformed."""
-    if not header:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8", "surrogateescape")
-    except ValueError:
-        return None
-    user, sep, password = decoded.partition(":")
-    return (user, password) if sep else None
-
-
-def basic_header(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def hash_password(password: str, cost: int = 10) -> str:
-    """A bcrypt hash for basic_auth_users (what `htpasswd -nBC 10` writes, with the $2b$ prefix)."""
-    return bcrypt.hashpw(password.encode()[:_BCRYPT_MAX], bcrypt.gensalt(cost)).decode()
-
-
-# -- the client side, for `gpuwatch check` ------------------------------------------------------------
-
-class LocalRequestError(OSError):
-    """The local daemon could not be asked; the message says why and what to set."""
-
-
-def read_secret(path: str) -> str:
-    """The first line of a password file, without its line ending."""
-    text = Path(path).read_text(encoding="utf-8")
-    return text.splitlines()[0] if text else ""
-
-
-def _leaf_der(cert_file: str) -> bytes:
-    text = Path(cert_file).read_text(encoding="ascii", errors="replace")
-    start = text.index("-----BEGIN CERTIFICATE-----")
-    end = text.index("-----END CERTIFICATE-----", start) + len("-----END CERTIFICATE-----")
-    return ssl.PEM_cert_to_DER_cert(text[start:end])
-
-
-def local_get(host: str, port: int, path: str, config: WebConfig | None, *, username: str | None = None,
-              password: str | None = None, client_cert: str | None = None, client_key: str | None = None,
-              timeout: float = 5.0) -> tuple[int, bytes]:
-    """GET ``path`` from the gpuwatch daemon on this node, speaking what ``config`` makes it serve.
-
-    With TLS the daemon must present exactly the certificate in tls_server_config.cert_file (pinned:
-    no CA or host name is involved, so 127.0.0.1 works); credentials are sent only after that check.
-    A client certificate is presented when ``client_cert`` is given. Returns (status, body); raises
-    LocalRequestError (an OSError) when there is no answer, its message saying why, without the URL.
-    """
-    headers = {"Accept": "application/json", "Connection": "close"}
-    if username is not None:
-        headers["Authorization"] = basic_header(username, password or "")
-    tls = config.tls if config is not None else None
-    connection: http.client.HTTPConnection
-    if tls is None:
-        connection = http.client.HTTPConnection(host, port, timeout=timeout)
-    else:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE  # replaced by the pin below
-        if client_cert:
-            try:
-                context.load_cert_chain(client_cert, client_key or None, password=lambda: b"")
-            except (ssl.SSLError, OSError) as exc:
-                raise LocalRequestError(f"cannot use client certificate {client_cert}: "
-                                        f"{getattr(exc, 'reason', None) or exc}") from None
-        connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-    try:
-        try:
-            connection.connect()
-        except ssl.SSLError as exc:
-            raise LocalRequestError(f"TLS handshake failed: {exc.reason or exc}"
-                                    f"{_client_cert_hint(tls, client_cert)}") from None
-        if tls is not None:
-            sock = connection.sock
-            assert isinstance(sock, ssl.SSLSocket)
-            if sock.getpeercert(binary_form=True) != _leaf_der(tls.cert_file):
-                raise LocalRequestError(f"the server does not present the certificate in tls_server_config.cert_file "
-                                        f"({tls.cert_file}): another program listens there, or the file changed")
-        connection.request("GET", path, headers=headers)
-        response = connection.getresponse()
-        return response.status, response.read()
-    except LocalRequestError:
-        raise
-    except ssl.SSLError as exc:
-        raise LocalRequestError(f"TLS error: {exc.reason or exc}{_client_cert_hint(tls, client_cert)}") from None
-    except (OSError, http.client.HTTPException) as exc:
-        reason = str(exc) or type(exc).__name__
-        raise LocalRequestError(f"{reason}{_client_cert_hint(tls, client_cert)}") from None
-    finally:
-        connection.close()
-
-
-def _client_cert_hint(tls: TlsServerConfig | None, client_cert: str | None) -> str:
-    if tls is not None and tls.requires_client_cert and not client_cert:
-        return (" (the daemon requires a client certificate: set --check.client-cert-file and "
-                "--check.client-key-file)")
-    return ""

@@ -12,90 +12,21 @@ malformed request or a client that goes away is a debug event, never a traceback
 
 from __future__ import annotations
 
-import html
-import json
 import re
 import socket
 import ssl
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import IO, Any, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
-from prometheus_client.exposition import choose_encoder
-
-from gpuwatch import __version__, logs
+from gpuwatch import logs
 from gpuwatch.config import parse_listen_address
-from gpuwatch.exporter import Exposition
-from gpuwatch.model import NodeSnapshot
-from gpuwatch.status import status_document
-from gpuwatch.webconfig import REALM, Authenticator, WebConfig, WebConfigSource
-
-StartResponse = Callable[..., Any]
-WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
-STATUS_PATH = "/api/v1/status"
-
-
-LANDING = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>gpuwatch</title></head>
-<body><h1>gpuwatch {version}</h1>
-<p>NVIDIA GPU node monitor.</p>
-<ul><li><a href="{path}">{path}</a> Prometheus metrics</li>
-<li><a href="/healthz">/healthz</a> health of the collection</li>
-<li><a href="/api/v1/status">/api/v1/status</a> current anomalies and per-GPU state (JSON)</li></ul>
-</body></html>
-"""
-
-
-class App:
-    """The WSGI application."""
-
-    def __init__(self, exposition: Exposition, snapshot: Callable[[], NodeSnapshot],
-                 monotonic: Callable[[], float], telemetry_path: str, staleness: Callable[[str], float]) -> None:
-        self._exposition = exposition
-        self._snapshot = snapshot
-        self._monotonic = monotonic
-        self._path = telemetry_path
-        self._staleness = staleness
-        self._fast_bound = staleness("fast")
-        self._landing = LANDING.format(version=__version__, path=html.escape(telemetry_path)).encode()
-
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        method = environ.get("REQUEST_METHOD", "GET")
-        path = environ.get("PATH_INFO", "/")
-        if method not in ("GET", "HEAD"):
-            return _reply(start_response, "405 Method Not Allowed", b"only GET and HEAD are allowed\n",
-                          extra=[("Allow", "GET, HEAD")])
-        if path == self._path:
-            return self._metrics(environ, start_response, method)
-        if path == "/healthz":
-            ok, reason = self._snapshot().collecting(self._monotonic(), self._fast_bound)
-            return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n",
-                          head=method == "HEAD")
-        if path == STATUS_PATH:
-            document = status_document(self._snapshot(), self._monotonic(), self._staleness)
-            body = json.dumps(document, separators=(",", ":")).encode()
-            return _reply(start_response, "200 OK", body, "application/json", head=method == "HEAD")
-        if path == "/":
-            return _reply(start_response, "200 OK", self._landing, "text/html; charset=utf-8", head=method == "HEAD")
-        return _reply(start_response, "404 Not Found", f"not found; metrics are at {self._path}\n".encode(),
-                      head=method == "HEAD")
-
-    def _metrics(self, environ: dict[str, Any], start_response: StartResponse, method: str) -> Iterable[bytes]:
-        _, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        body, compressed = self._exposition.render(openmetrics=content_type.startswith("application/openmetrics-text"),
-                                                   compress="gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""))
-        extra = [("Content-Encoding", "gzip")] if compressed else []
-        return _reply(start_response, "200 OK", body, content_type, extra=extra, head=method == "HEAD")
-
-
-def _reply(start_response: StartResponse, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8",
-           extra: list[tuple[str, str]] | None = None, head: bool = False) -> list[bytes]:
-    headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))] + (extra or [])
-    start_response(status, headers)
-    return [] if head else [body]
+from gpuwatch.web.app import StartResponse, WsgiApp, _reply
+from gpuwatch.web.auth import Authenticator
+from gpuwatch.web.config import REALM, WebConfig, WebConfigSource
 
 
 class Guard:
@@ -190,7 +121,7 @@ class _Handler(WSGIRequestHandler):
         request line, HTTP/0.9's version-less ``GET /`` and a method that is not a token get 400 too."""
         words = self.raw_requestline.split()
         if len(words) in (0, 2):
-            self.command, self.request_version, self.close_connection = None, self.default_request_version, True
+            self.command, self.request_version, self.close_connection = "", self.default_request_version, True
             self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
             self.send_error(400, "Bad request line: expected METHOD PATH HTTP/1.x" if words else "Empty request line")
             return False
@@ -220,7 +151,8 @@ class _Handler(WSGIRequestHandler):
             return
         if not self.parse_request():
             return
-        handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        handler = _ServerHandler(self.rfile, cast(IO[bytes], self.wfile), self.get_stderr(), self.get_environ(),
+                                 multithread=False)
         handler.request_handler = self  # type: ignore[attr-defined]
         handler.run(self.server.get_app())  # type: ignore[attr-defined]
 
@@ -237,7 +169,7 @@ class _Server(ThreadingMixIn, WSGIServer):
         try:
             request.settimeout(REQUEST_TIMEOUT)
             if self.web is None:
-                self.RequestHandlerClass(request, client_address, self)
+                self.RequestHandlerClass(request, client_address, self)  # type: ignore[arg-type]  # typeshed's Self
                 return
             tls = self.web.current().tls
             assert tls is not None and tls.context is not None
@@ -255,7 +187,7 @@ class _Server(ThreadingMixIn, WSGIServer):
                 _log().debug("tls_handshake_failed", peer=peer, error=_reason(exc))
                 return
             try:
-                self.RequestHandlerClass(connection, client_address, self)
+                self.RequestHandlerClass(connection, client_address, self)  # type: ignore[arg-type]  # typeshed's Self
             finally:
                 try:
                     connection.shutdown(socket.SHUT_WR)
@@ -350,6 +282,7 @@ class HttpServers:
         result = []
         for server in self.servers:
             host, port = server.server_address[:2]
+            host = host.decode() if isinstance(host, bytes) else str(host)
             result.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         return result
 

@@ -1,0 +1,163 @@
+"""`gpuwatch run` and `gpuwatch demo` (the daemon's loop: signals, sd_notify, reload), `gpuwatch once`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gpuwatch import __version__, logs
+from gpuwatch.agent import Agent
+from gpuwatch.config import Config
+from gpuwatch.errors import ConfigError
+from gpuwatch.sdnotify import Notifier
+
+EX_CONFIG = 78
+
+
+def _exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
+    """A poll thread stuck in a wedged NVML call (D state) cannot be joined: exit without waiting for it.
+
+    (Python joins thread-pool workers at exit, daemon or not, so a stuck one would hang the stop.)
+    """
+    import time
+
+    deadline = time.monotonic() + grace
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    if stuck:
+        logs.get_logger(component="main").warning("exit_with_busy_threads", threads=stuck,
+                                                   hint="an NVML call did not return; check the GPUs with nvidia-smi")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+def _once(agent: Agent) -> int:
+    agent.poller.poll_fast()  # opens the backend and also runs the first slow poll
+    sys.stdout.buffer.write(agent.exposition.render()[0])
+    sys.stdout.flush()
+    up = agent.poller.backend_up
+    agent.poller.stop()
+    return 0 if up else 1
+
+
+def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
+    log = logs.get_logger(component="main")
+    config = agent.config
+    stop = threading.Event()
+    reload_requested = threading.Event()
+    notifier = Notifier()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_requested.set())
+    try:
+        bound = agent.serve()
+    except ConfigError as exc:  # the web config file changed between the check at start and now
+        logs.say(f"gpuwatch: configuration error: {exc}")
+        return EX_CONFIG
+    except OSError as exc:
+        log.error("listen_failed", addresses=list(config.listen_addresses), error=str(exc),
+                  hint="another process uses the port, or the address is not on this host: "
+                       "pick one with --web.listen-address")
+        return 1
+    agent.poller.start()
+    assert agent.http is not None
+    web = agent.http.web_config
+    log.info("started", version=__version__, backend=agent.backend.name, listen=bound, scheme=agent.http.scheme,
+             basic_auth=web is not None and web.basic_auth, max_requests=config.web_max_requests,
+             telemetry_path=config.telemetry_path, poll_interval=config.poll_interval,
+             poll_slow_interval=config.poll_slow_interval)
+    viewer = None
+    if demo:
+        from gpuwatch.live import LiveView
+
+        urls = [f"{agent.http.scheme}://{_display_host(b)}{config.telemetry_path}" for b in bound]
+        what = (f"scenario {config.sim_scenario}" if config.sim_scenario
+                else f"simulated {config.sim_gpus}-GPU node ({config.sim_profile}) with a tour of faults")
+        logs.say(f"gpuwatch demo: {what}; scrape {' or '.join(urls)}; Ctrl-C stops.")
+        if sys.stdout.isatty():
+            from gpuwatch.live import LogTail
+
+            tail = LogTail()  # log lines go under the table instead of scrolling it away
+            logs.configure(config.log_level, "console", stream=tail)  # type: ignore[arg-type]
+            viewer = LiveView(agent.store.snapshot, agent.clock, config.staleness("fast"), sys.stdout, tail)
+            viewer.draw()
+            viewer.start(config.poll_interval)
+    started = agent.clock.monotonic()
+    ready = False
+    last_status = last_ping = float("-inf")
+    withheld: str | None = None
+    try:
+        while not stop.wait(0.25):
+            now = agent.clock.monotonic()
+            if not ready and (agent.store.snapshot().tiers["fast"].last_completed_monotonic is not None
+                              or now - started > 60):
+                # listener bound and the first discovery done (or the backend known to be down)
+                notifier.send(READY=1, STATUS=agent.status_line())
+                ready, last_status = True, now
+            if reload_requested.is_set():
+                reload_requested.clear()
+                _reload(agent, reload, log)
+            if notifier.watchdog_seconds and now - last_ping >= notifier.watchdog_seconds / 2:
+                problem = agent.alive()
+                if problem is None:
+                    notifier.send(WATCHDOG=1)
+                    last_ping, withheld = now, None
+                elif problem != withheld:
+                    withheld = problem
+                    log.error("watchdog_withheld", reason=problem, hint="systemd restarts gpuwatch if this persists")
+            if ready and now - last_status >= 5:
+                notifier.send(STATUS=agent.status_line())
+                last_status = now
+    finally:
+        notifier.send(STOPPING=1)
+        if viewer is not None:
+            viewer.stop()
+        agent.stop()
+        log.info("stopped")
+    return 0
+
+
+def _reload(agent: Agent, reload: Callable[[], Config], log: Any) -> None:
+    hint = "the previous configuration stays in effect; fix the file and send SIGHUP again (systemctl reload gpuwatch)"
+    try:
+        new = reload()
+        needs_restart = agent.reconfigure(new)
+    except ConfigError as exc:
+        log.error("reload_failed", error=str(exc), hint=hint)
+        return
+    except Exception as exc:  # a bug must not take the running daemon down: it keeps the old settings
+        log.error("reload_failed", error=f"{type(exc).__name__}: {exc}", hint=hint, exc_info=True)
+        return
+    log.info("reloaded", rules=sorted(new.rules))
+    if needs_restart:
+        log.warning("reload_needs_restart", settings=needs_restart,
+                    hint="these settings take effect at the next start: systemctl restart gpuwatch")
+
+
+def _list_scenarios() -> int:
+    from gpuwatch.backends.simulated import scenarios
+
+    for name, scenario in sorted(scenarios().items()):
+        fires = f" -> {scenario.rule} on GPU {scenario.gpu}" if scenario.rule and scenario.gpu is not None else (
+            f" -> {scenario.rule}" if scenario.rule else "")
+        print(f"{name:24} {scenario.profile:8} {scenario.gpu_count} GPUs  {scenario.description}{fires}")
+    return 0
+
+
+def _display_host(bound: str) -> str:
+    host, _, port = bound.rpartition(":")
+    if host in ("0.0.0.0", "[::]", ""):
+        host = "localhost"
+    return f"{host}:{port}"

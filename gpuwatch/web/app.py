@@ -1,0 +1,80 @@
+"""The WSGI application: ``/`` landing page, the metrics path, ``/healthz``, ``/api/v1/status``.
+
+Nothing here touches a backend: every answer is built from the store's latest snapshot.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpuwatch import __version__
+from gpuwatch.exporter import Exposition
+from gpuwatch.model import NodeSnapshot
+from gpuwatch.status import status_document
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+STATUS_PATH = "/api/v1/status"
+
+
+LANDING = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>gpuwatch</title></head>
+<body><h1>gpuwatch {version}</h1>
+<p>NVIDIA GPU node monitor.</p>
+<ul><li><a href="{path}">{path}</a> Prometheus metrics</li>
+<li><a href="/healthz">/healthz</a> health of the collection</li>
+<li><a href="/api/v1/status">/api/v1/status</a> current anomalies and per-GPU state (JSON)</li></ul>
+</body></html>
+"""
+
+
+class App:
+    """The WSGI application."""
+
+    def __init__(self, exposition: Exposition, snapshot: Callable[[], NodeSnapshot],
+                 monotonic: Callable[[], float], telemetry_path: str, staleness: Callable[[str], float]) -> None:
+        self._exposition = exposition
+        self._snapshot = snapshot
+        self._monotonic = monotonic
+        self._path = telemetry_path
+        self._staleness = staleness
+        self._fast_bound = staleness("fast")
+        self._landing = LANDING.format(version=__version__, path=html.escape(telemetry_path)).encode()
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "/")
+        if method not in ("GET", "HEAD"):
+            return _reply(start_response, "405 Method Not Allowed", b"only GET and HEAD are allowed\n",
+                          extra=[("Allow", "GET, HEAD")])
+        if path == self._path:
+            return self._metrics(environ, start_response, method)
+        if path == "/healthz":
+            ok, reason = self._snapshot().collecting(self._monotonic(), self._fast_bound)
+            return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n",
+                          head=method == "HEAD")
+        if path == STATUS_PATH:
+            document = status_document(self._snapshot(), self._monotonic(), self._staleness)
+            body = json.dumps(document, separators=(",", ":")).encode()
+            return _reply(start_response, "200 OK", body, "application/json", head=method == "HEAD")
+        if path == "/":
+            return _reply(start_response, "200 OK", self._landing, "text/html; charset=utf-8", head=method == "HEAD")
+        return _reply(start_response, "404 Not Found", f"not found; metrics are at {self._path}\n".encode(),
+                      head=method == "HEAD")
+
+    def _metrics(self, environ: dict[str, Any], start_response: StartResponse, method: str) -> Iterable[bytes]:
+        content_type = self._exposition.content_type(environ.get("HTTP_ACCEPT", ""))
+        body, compressed = self._exposition.render(openmetrics=content_type.startswith("application/openmetrics-text"),
+                                                   compress="gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""))
+        extra = [("Content-Encoding", "gzip")] if compressed else []
+        return _reply(start_response, "200 OK", body, content_type, extra=extra, head=method == "HEAD")
+
+
+def _reply(start_response: StartResponse, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8",
+           extra: list[tuple[str, str]] | None = None, head: bool = False) -> list[bytes]:
+    headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))] + (extra or [])
+    start_response(status, headers)
+    return [] if head else [body]
