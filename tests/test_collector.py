@@ -159,8 +159,7 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
             for group in groups.GROUPS:
                 if group.render is not None:
                     group.render(collecting(prefix), *(group.select or _default_select(group))(state, fast, slow))
-        for family, items in Renderer(staleness, build_labels())._node_rows(snap, now, 90.0, 0).items():
-            rows.setdefault(family, []).extend(items)
+        Renderer(staleness, build_labels())._node(collecting(()), snap, now, 90.0, 0)
         registry = CollectorRegistry(auto_describe=False)
         families = []
         for name in sorted(rows):

@@ -54,37 +54,73 @@ class _Family:
         self.openmetrics_header = f"# HELP {family} {help_text.replace(chr(34), chr(92) + chr(34))}\n" \
                                   f"# TYPE {family} {spec.type}\n"
 
-    def line(self, labels: LabelValues, value: float) -> str:
+    def prefix(self, labels: LabelValues) -> str:
+        """The line up to its value: ``name{a="1",b="x"} `` (label names sorted, values escaped)."""
         if not self.keys:
-            return f"{self.name} {floatToGoString(value)}\n"
+            return f"{self.name} "
         parts = ",".join(key + _escape(labels[i]) + '"' for key, i in zip(self.keys, self.order))
-        return f"{self.name}{{{parts}}} {floatToGoString(value)}\n"
+        return f"{self.name}{{{parts}}} "
 
 
 _FAMILIES: dict[str, _Family] = {name: _Family(name) for name in CATALOGUE}
+_VALUES: dict[float, str] = {}  # value -> its text: readings repeat (0, 1, a memory size, a clock)
 
-Rows = dict[str, list[tuple[LabelValues, float]]]
+
+def _value(value: float) -> str:
+    text = _VALUES.get(value)
+    if text is None:
+        text = floatToGoString(value)
+        if value == 0.0:
+            return text  # -0.0 == 0.0 would share one entry
+        if len(_VALUES) >= 4096:
+            _VALUES.clear()
+        _VALUES[value] = text
+    return text
 
 
-def _collect(render: Callable[..., None], prefix: LabelValues, *readings: Any) -> dict[str, str]:
-    """Run one group's ``render`` for one GPU; its lines per family, sorted."""
-    rows: Rows = {}
+class _Layout:
+    """The lines one render produced: the (family, labels) it emitted, in emit order, and how they
+    encode: per family, sorted by label values, the index of each value and its line's prefix. While a
+    group keeps emitting the same series (the usual case: only the values change), the layout is
+    reused and encoding is formatting the values."""
+
+    __slots__ = ("keys", "plan")
+
+    def __init__(self, keys: tuple[tuple[str, LabelValues], ...]) -> None:
+        self.keys = keys
+        by_family: dict[str, list[int]] = {}
+        for i, (family, _) in enumerate(keys):
+            by_family.setdefault(family, []).append(i)
+        plan = []
+        for name, indices in by_family.items():
+            fam = _FAMILIES[name]  # KeyError: a family that is not in the catalogue
+            indices.sort(key=lambda i: _sort_key(keys[i][1]))
+            plan.append((name, tuple((i, fam.prefix(keys[i][1])) for i in indices)))
+        self.plan = tuple(plan)
+
+    def encode(self, values: list[float]) -> dict[str, str]:
+        return {name: "".join([prefix + _value(values[i]) + "\n" for i, prefix in entries])
+                for name, entries in self.plan}
+
+
+def _collect(render: Callable[..., None], prefix: LabelValues, layout: _Layout | None,
+             *readings: Any) -> tuple[dict[str, str], _Layout]:
+    """Run one group's ``render`` for one GPU: its lines per family, sorted, and their layout (the
+    previous one again when the same series came out)."""
+    keys: list[tuple[str, LabelValues]] = []
+    values: list[float] = []
+    add_key, add_value = keys.append, values.append
 
     def emit(family: str, labels: LabelValues, value: float | int | bool | None) -> None:
         if value is not None:
-            rows.setdefault(family, []).append((prefix + labels, float(value)))
+            add_key((family, prefix + labels if prefix else labels))
+            add_value(float(value))
 
     render(emit, *readings)
-    return _encode(rows)
-
-
-def _encode(rows: Rows) -> dict[str, str]:
-    out = {}
-    for name, items in rows.items():
-        family = _FAMILIES[name]  # KeyError: a family that is not in the catalogue
-        items.sort(key=lambda item: _sort_key(item[0]))
-        out[name] = "".join(family.line(labels, value) for labels, value in items)
-    return out
+    emitted = tuple(keys)
+    if layout is None or layout.keys != emitted:
+        layout = _Layout(emitted)
+    return layout.encode(values), layout
 
 
 def binding_version() -> str:
@@ -132,8 +168,9 @@ class Renderer:
         self._groups = [(g.name, g.render, g.select or _default_select(g))
                         for g in groups.GROUPS if g.name in self._enabled and g.render is not None]
         self._per_pid_max = per_pid_max if "processes" in self._enabled else 0
-        # (uuid, group) -> (identity, reading a, reading b, lines per family); "" is the GPU's own
-        self._cache: dict[tuple[str, str], tuple[Any, Any, Any, dict[str, str]]] = {}
+        # (uuid, group) -> (identity, reading a, reading b, lines per family, layout); "" is the GPU's own
+        self._cache: dict[tuple[str, str], tuple[Any, Any, Any, dict[str, str], _Layout]] = {}
+        self._node_layout: _Layout | None = None
 
     def render(self, snap: NodeSnapshot, now: float, log_dropped: int = 0) -> dict[str, list[str]]:
         """Family -> its sample lines (without the header), for ``encode``."""
@@ -149,9 +186,8 @@ class Renderer:
             key = (uuid, "")
             kept = cache.get(key)
             if kept is None or kept[0] is not ident or kept[1] is not state.features or kept[2] is not state.up:
-                kept = (ident, state.features, state.up,
-                        _collect(lambda emit, s=state: _gpu_core(emit, s, self._features), prefix))
-                cache[key] = kept
+                chunks, layout = _collect(self._gpu_core, prefix, None if kept is None else kept[4], state)
+                kept = cache[key] = (ident, state.features, state.up, chunks, layout)
             for family, text in kept[3].items():
                 lines.setdefault(family, []).append(text)
             fast = state.fresh_fast(now, fast_bound)
@@ -161,24 +197,24 @@ class Renderer:
                 key = (uuid, name)
                 kept = cache.get(key)
                 if kept is None or kept[0] is not ident or kept[1] is not a or kept[2] is not b:
-                    kept = (ident, a, b, _collect(render, prefix, a, b))
-                    cache[key] = kept
+                    chunks, layout = _collect(render, prefix, None if kept is None else kept[4], a, b)
+                    kept = cache[key] = (ident, a, b, chunks, layout)
                 for family, text in kept[3].items():
                     lines.setdefault(family, []).append(text)
         if len(cache) > (len(self._groups) + 1) * len(seen):  # GPUs that are gone for good
             for key in [k for k in cache if k[0] not in seen]:
                 del cache[key]
-        for family, text in _encode(self._node_rows(snap, now, slow_bound, log_dropped)).items():
+        chunks, self._node_layout = _collect(self._node, (), self._node_layout, snap, now, slow_bound, log_dropped)
+        for family, text in chunks.items():
             lines.setdefault(family, []).append(text)
         return lines
 
-    def _node_rows(self, snap: NodeSnapshot, now: float, slow_bound: float, log_dropped: int) -> Rows:
-        rows: Rows = {}
+    def _gpu_core(self, emit: Callable[..., None], state: GpuState) -> None:
+        _gpu_core(emit, state, self._features)
 
-        def add(family: str, labels: LabelValues, value: float | int | bool | None) -> None:
-            if value is not None:
-                rows.setdefault(family, []).append((labels, float(value)))
-
+    def _node(self, add: Callable[..., None], snap: NodeSnapshot, now: float, slow_bound: float,
+              log_dropped: int) -> None:
+        """The node-level families (and the per-process series, which share one budget per node)."""
         add("gpuwatch_build_info", self._build, 1)
         add("gpuwatch_log_dropped_total", (), log_dropped)
         add("gpuwatch_backend_up", (snap.backend,), snap.backend_up)
@@ -219,7 +255,6 @@ class Renderer:
                     add("gpuwatch_process_memory_used_bytes", g + (str(p.pid), p.scheduler, p.job_id, p.user),
                         p.used_memory_bytes)
                     budget -= 1
-        return rows
 
     def _collectors(self, snap: NodeSnapshot) -> Iterable[tuple[str, float | None, bool | None]]:
         """(group, seconds, succeeded) of each enabled group: its last fast and last slow read together."""
