@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fakenvml
-from fakenvml import FakeNode, prepare, read_counts
+from fakenvml import FakeNode, prepare, read_counts, read_cpu_seconds
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fake NVML needs Linux (LD_LIBRARY_PATH)"),
@@ -77,11 +77,11 @@ def wait_until(condition, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def run_child(fx, body: str, timeout: float = 20) -> dict:
+def run_child(fx, body: str, timeout: float = 20, **extra_env: str) -> dict:
     """Run PRELUDE + body in a subprocess using the fake; return its last JSON line."""
     proc = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
-        env=fx.env,
+        env={**fx.env, **extra_env},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -610,3 +610,27 @@ def test_state_file_validation(tmp_path):
     text = node.write(tmp_path / "s").read_text()
     assert "gpu 0" in text and "field 193 si -8" in text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # temp file renamed away
+
+
+def test_library_cpu_time_is_counted_only_when_asked(tmp_path):
+    """FAKE_NVML_CPU=1 sums the CPU time spent inside the library: what bench/ subtracts from the
+    agent's whole-process CPU. Without it the slot stays 0, and the counts never include it."""
+    body = """
+        import resource
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        for _ in range(2000):
+            N.nvmlDeviceGetTemperatureV(h, 0)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        out(ru.ru_utime + ru.ru_stime)
+        """
+    plain = prepare(tmp_path / "plain", FakeNode.h200(count=1))
+    run_child(plain, body)
+    assert read_cpu_seconds(plain.counts_path) == 0.0
+    assert "__cpu_ns__" not in read_counts(plain.counts_path)
+
+    timed = prepare(tmp_path / "timed", FakeNode.h200(count=1))
+    process_cpu = run_child(timed, body, FAKE_NVML_CPU="1")
+    inside = read_cpu_seconds(timed.counts_path)
+    assert 0.0 < inside <= process_cpu
+    assert read_counts(timed.counts_path)["nvmlDeviceGetTemperatureV"] == 2000

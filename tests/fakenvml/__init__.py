@@ -290,7 +290,25 @@ def read_counts(counts_path: os.PathLike | str) -> dict[str, int]:
         name = raw_name.split(b"\0", 1)[0].decode("ascii", "replace")
         if name:
             counts[name] = count
+    counts.pop(CPU_SLOT, None)
     return counts
+
+
+CPU_SLOT = "__cpu_ns__"
+
+
+def read_cpu_seconds(counts_path: os.PathLike | str) -> float:
+    """CPU seconds the processes' threads spent inside the library (``FAKE_NVML_CPU=1``; 0 without):
+    what a benchmark subtracts to get the agent's own cost."""
+    try:
+        data = pathlib.Path(counts_path).read_bytes()
+    except FileNotFoundError:
+        return 0.0
+    for i in range(min(_COUNT_SLOTS, len(data) // _COUNT_SLOT.size)):
+        raw_name, value = _COUNT_SLOT.unpack_from(data, i * _COUNT_SLOT.size)
+        if raw_name.split(b"\0", 1)[0] == CPU_SLOT.encode():
+            return value / 1e9
+    return 0.0
 
 
 # ---------------------------------------------------------------------------
@@ -759,6 +777,9 @@ class FakeNvmlEnv:
 
     def counts(self) -> dict[str, int]:
         return read_counts(self.counts_path) if self.counts_path else {}
+
+    def library_cpu_seconds(self) -> float:
+        return read_cpu_seconds(self.counts_path) if self.counts_path else 0.0
 
 
 def prepare(

@@ -32,6 +32,8 @@
  *                     C symbol name and the number of calls to it (atomic
  *                     increments; every call is counted, including failed
  *                     ones). Another process can read it at any time.
+ *   FAKE_NVML_CPU     1: entry "__cpu_ns__" of that table sums the CPU time
+ *                     threads spent inside the library's calls (benchmarks).
  *
  * State file format
  * -----------------
@@ -350,6 +352,9 @@ _Static_assert(sizeof(count_slot_t) == 64, "count slot must be 64 bytes");
 _Static_assert(NSYM <= COUNT_SLOTS, "too many symbols for the count table");
 
 static count_slot_t *g_counts; /* NULL when FAKE_NVML_COUNTS is unset */
+#define CPU_SLOT NSYM /* "__cpu_ns__", see FAKE_NVML_CPU */
+_Static_assert(NSYM + 1 <= COUNT_SLOTS, "no slot left for the CPU time");
+static int g_cpu_timing;
 
 static void counts_open(void)
 {
@@ -382,13 +387,44 @@ static void counts_open(void)
             memcpy(t[i].name, buf, sizeof buf);
         }
     }
+    if (strncmp(t[CPU_SLOT].name, "__cpu_ns__", sizeof t[CPU_SLOT].name) != 0) {
+        char buf[56] = {0};
+        strncpy(buf, "__cpu_ns__", sizeof buf - 1);
+        memcpy(t[CPU_SLOT].name, buf, sizeof buf);
+    }
+    const char *cpu = getenv("FAKE_NVML_CPU");
+    g_cpu_timing = cpu && *cpu && *cpu != '0';
     g_counts = t;
+}
+
+/* With FAKE_NVML_CPU=1 the table's slot NSYM ("__cpu_ns__") sums the CPU time threads spent inside
+ * the library's calls (CLOCK_THREAD_CPUTIME_ID, from a call's entry to its unlock): what a benchmark
+ * takes off a process's CPU time to get the cost of the process itself. Calls that return before
+ * taking the lock (argument errors) are not timed. */
+static __thread long long t_cpu_entered;
+
+static inline long long thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 static inline void count_call(int sym)
 {
-    if (g_counts)
+    if (g_counts) {
         __atomic_fetch_add(&g_counts[sym].count, 1, __ATOMIC_RELAXED);
+        if (g_cpu_timing)
+            t_cpu_entered = thread_cpu_ns();
+    }
+}
+
+static inline void count_cpu(void)
+{
+    if (g_counts && g_cpu_timing && t_cpu_entered) {
+        __atomic_fetch_add(&g_counts[CPU_SLOT].count, (uint64_t)(thread_cpu_ns() - t_cpu_entered), __ATOMIC_RELAXED);
+        t_cpu_entered = 0;
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1024,6 +1060,7 @@ static int dev_index(nvmlDevice_t d)
 static nvmlReturn_t unlock_ret(nvmlReturn_t r)
 {
     pthread_mutex_unlock(&g_mu);
+    count_cpu();
     return r;
 }
 
