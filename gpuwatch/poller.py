@@ -302,8 +302,10 @@ class Poller:
         return ""
 
     def _evaluate_if_due(self) -> None:
-        """The timer's run: skipped when a fast poll has just run the rules (the usual case)."""
-        if self._clock.monotonic() - self._last_evaluated >= 0.75 * self._fast_interval:
+        """The timer's run: the rules run here only when no fast poll has run them for 1.5 intervals
+        (a poll hangs or was skipped), so at most every 2.5 intervals then and never twice per poll
+        otherwise (the timer and the fast job fire in the same phase)."""
+        if self._clock.monotonic() - self._last_evaluated >= 1.5 * self._fast_interval:
             self.evaluate()
 
     # -- XID events ----------------------------------------------------------------------------

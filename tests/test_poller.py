@@ -196,3 +196,26 @@ def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():
     scheduler._process_jobs()
     assert round((next_run() - due).total_seconds(), 3) == -300.0 and scheduler.steps == [-300.0]
     scheduler.shutdown(wait=False)
+
+
+def test_rules_run_once_per_fast_poll_and_on_the_timer_only_while_polls_stall():
+    """The rules' own timer fires in the fast job's phase: it must not evaluate a second time after
+    every poll, only when polls stop running the rules (a wedged call)."""
+    clock = FakeClock()
+    backend = ScriptedBackend(1)
+    store = Store(clock, backend.name)
+    runs = []
+    poller = Poller(backend, store, clock, fast_interval=2.0, slow_interval=30.0,
+                    evaluate=lambda: runs.append(clock.monotonic()))
+    for _ in range(5):
+        poller.poll_fast()  # its rules run at its end
+        clock.advance(1.99)  # the timer fires while the next poll is still reading
+        poller._evaluate_if_due()
+        clock.advance(0.01)
+    assert len(runs) == 5  # once per poll
+    # polls stall: the timer takes over, within the watchdog's bound of 3 intervals
+    for _ in range(6):
+        clock.advance(2.0)
+        poller._evaluate_if_due()
+    gaps = [b - a for a, b in zip(runs[4:], runs[5:])]  # from the last poll's run on
+    assert len(gaps) >= 2 and max(gaps) <= 3 * 2.0
