@@ -8,7 +8,7 @@ like 0 or NaN for "unavailable": absent readings are ``None`` or missing from th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuwatch.groups import FEATURES, FastSample, SlowSample  # noqa: F401 - the samples are part of the model
@@ -168,14 +168,41 @@ class NodeSnapshot:
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 
 
-@dataclass(frozen=True, slots=True)
 class Observation:
-    """What a rule sees at one instant: is its condition true, on what value against what threshold."""
+    """What a rule sees at one instant: is its condition true, on what value against what threshold.
 
-    active: bool
-    value: float | None = None
-    threshold: float | None = None
-    summary: str = ""
+    ``summary`` may be given as a function of no arguments returning the text: it is called only
+    when someone reads ``summary`` (an anomaly that fires or resolves, a test), once. A rule is
+    evaluated on every GPU at every poll while its summary is read a few times per episode, so
+    rules pass ``lambda: f"..."`` rather than format a sentence nobody reads.
+    """
+
+    __slots__ = ("active", "value", "threshold", "_summary")
+
+    def __init__(self, active: bool, value: float | None = None, threshold: float | None = None,
+                 summary: str | Callable[[], str] = "") -> None:
+        self.active = active
+        self.value = value
+        self.threshold = threshold
+        self._summary = summary
+
+    @property
+    def summary(self) -> str:
+        text = self._summary
+        if not isinstance(text, str):
+            text = self._summary = text()
+        return text
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Observation):
+            return NotImplemented
+        return (self.active, self.value, self.threshold, self.summary) == (
+            other.active, other.value, other.threshold, other.summary)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable cache of the summary: not hashable
+
+    def __repr__(self) -> str:
+        return f"Observation({self.active!r}, {self.value!r}, {self.threshold!r}, {self.summary!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
 EVENT_WAIT_SECONDS = 1.0
+RULES_TIMER_SECONDS = 2.5  # the rules' own timer, at least this far apart (and at least one fast interval)
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
 
@@ -303,8 +304,8 @@ class Poller:
 
     def _evaluate_if_due(self) -> None:
         """The timer's run: the rules run here only when no fast poll has run them for 1.5 intervals
-        (a poll hangs or was skipped), so at most every 2.5 intervals then and never twice per poll
-        otherwise (the timer and the fast job fire in the same phase)."""
+        (a poll hangs or was skipped), so then at most 1.5 intervals + the timer's period apart, and
+        never twice per poll otherwise (the timer and the fast job may fire in the same phase)."""
         if self._clock.monotonic() - self._last_evaluated >= 1.5 * self._fast_interval:
             self.evaluate()
 
@@ -370,7 +371,11 @@ class Poller:
                           next_run_time=_now())
         scheduler.add_job(self.poll_slow, "interval", seconds=self._slow_interval, id="slow")
         if self._evaluate is not None:
-            scheduler.add_job(self._evaluate_if_due, "interval", seconds=self._fast_interval, id="rules")
+            # A wake-up of the scheduler costs about as much CPU as a GPU's poll: the timer that runs
+            # the rules while polls stall needs no more than one every few seconds (the watchdog
+            # allows max(3 intervals, 10 s) between evaluations).
+            scheduler.add_job(self._evaluate_if_due, "interval", seconds=max(self._fast_interval, RULES_TIMER_SECONDS),
+                              id="rules")
         scheduler.start()
         self._scheduler = scheduler
         if "xid" in self._enabled:

@@ -183,3 +183,27 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
         assert exposition.render(openmetrics=True)[0].decode() == om
         clock.advance(2)
         store.put_fast(gpus[0].identity.uuid, fast_sample(temperature_celsius=61.0))  # the second render: one GPU changed
+
+
+def test_process_metrics_match_prometheus_clients_own_encoders():
+    """The process_* families are formatted by gpuwatch after their headers came from
+    prometheus_client: the same text as prometheus_client's encoders, values aside."""
+    from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    from gpuwatch.exporter import _ProcessMetrics
+
+    def shape(text):
+        return [line if line.startswith("#") else line.split(" ")[0] for line in text.splitlines()]
+
+    ours = _ProcessMetrics()
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    theirs_text = generate_latest(registry).decode()
+    theirs_om = openmetrics_latest(registry).decode().removesuffix("# EOF\n")
+    for _ in range(2):  # the headers are kept from the first call on
+        text, om = ours.lines(False), ours.lines(True)
+        assert shape(text) == shape(theirs_text) and "process_cpu_seconds_total" in text
+        assert shape(om) == shape(theirs_om) and "# TYPE process_cpu_seconds counter" in om
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["process_resident_memory_bytes"].samples[0].value > 0

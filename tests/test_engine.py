@@ -104,10 +104,46 @@ def test_yaml_settings_override_defaults():
     assert "too_hot" not in node.poll(95)
 
 
+def test_a_rule_with_every_is_evaluated_at_most_that_often_and_keeps_its_state_between():
+    """every: 6 s with polls 2 s apart: evaluated at every third poll, firing (hold 6 s) at most
+    6 s later than at every poll, its last state returned between evaluations."""
+    seen = []
+
+    def counting(window, uuid, config):
+        seen.append(window.now)
+        return too_hot(window, uuid, config)
+
+    rules = (Rule("too_hot", "gpu", "critical", hold_seconds=6, clear_seconds=4, condition="temperature >= limit",
+                  evaluate=counting, params={"limit": HOT}, every_seconds=6),)
+    node = Node(rules)
+    firing = [node.poll(t)["too_hot"].firing for t in (50, 85, 85, 85, 85, 85, 85, 85, 85)]
+    assert [b - a for a, b in zip(seen, seen[1:])] == [6.0, 6.0]  # t=2, 8, 14
+    assert firing == [False] * 6 + [True] * 3  # pending from t=8 (seen 85), firing at t=14
+    node = Node(rules, raw={"too_hot": {"every": 0}})  # YAML: back to every poll
+    seen.clear()
+    for t in (50, 85, 85):
+        node.poll(t)
+    assert len(seen) == 3
+
+
+def test_a_rule_with_every_evaluates_a_new_gpu_at_once():
+    rules = (Rule("too_hot", "gpu", "critical", hold_seconds=0, clear_seconds=0, condition="temperature >= limit",
+                  evaluate=too_hot, params={"limit": HOT}, every_seconds=60),)
+    node = Node(rules)
+    assert not node.poll(75)["too_hot"].firing
+    second = DiscoveredGpu(identity(1), H200_FEATURES)
+    node.store.set_gpus([node.gpu, second])
+    node.store.put_fast(second.identity.uuid, fast_sample(temperature_celsius=95.0))
+    node.poll(75)
+    states = {a.uuid: a for a in node.engine.evaluate(node.store.snapshot())}
+    assert states[second.identity.uuid].firing and not states[node.gpu.identity.uuid].firing
+
+
 @pytest.mark.parametrize(("raw", "message"), [
     ({"nope": {}}, "unknown rule 'nope'"),
-    ({"too_hot": {"limt": 3}}, "rules.too_hot.limt: unknown setting; too_hot takes enabled, severity, hold, clear, limit"),
+    ({"too_hot": {"limt": 3}}, "rules.too_hot.limt: unknown setting; too_hot takes enabled, severity, hold, clear, every, limit"),
     ({"too_hot": {"hold": -1}}, "must be 0 or more"),
+    ({"too_hot": {"every": -5}}, "must be 0 or more"),
     ({"too_hot": {"severity": "page"}}, "must be one of critical, warning, info"),
     ({"too_hot": {"limit": "hot"}}, "expected a number"),
     ({"too_hot": {"enabled": "yes"}}, "expected true or false"),

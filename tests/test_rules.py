@@ -136,7 +136,7 @@ def test_every_rule_is_documented_with_sane_defaults():
 
 
 def test_docs_list_every_rule_with_its_defaults():
-    """docs/rules.md has a row per rule with its severity, hold and clear, and names every parameter."""
+    """docs/rules.md has a row per rule with its severity, hold, clear and every, and names every parameter."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
     for rule in RULES.values():
         row = next((line for line in text.splitlines() if line.startswith(f"| `{rule.id}` |")), None)
@@ -144,6 +144,7 @@ def test_docs_list_every_rule_with_its_defaults():
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == rule.severity, rule.id
         assert cells[4] == f"{rule.hold_seconds:g} s" and cells[5] == f"{rule.clear_seconds:g} s", rule.id
+        assert cells[6] == (f"{rule.every_seconds:g} s" if rule.every_seconds else "every poll"), rule.id
         for param in rule.params:
             assert f"`{param}`" in text, (rule.id, param)
 

@@ -224,7 +224,8 @@ def test_thermal_outlier_matches_the_reference(seed):
 def _count_lookups(gpus, counts):
     """Runs 40 polls of ``gpus`` GPUs; ``counts`` gets the calls of the last evaluation."""
     rng = random.Random(gpus)
-    engine = Engine(all_rules(), build_configs(all_rules(), None), 6.0, WINDOW)
+    every_poll = {rule.id: {"every": 0} for rule in all_rules()}  # each rule at each of these evaluations
+    engine = Engine(all_rules(), build_configs(all_rules(), every_poll), 6.0, WINDOW)
     for poll in range(40):
         t = 1000.0 + 2 * poll
         states = [state_of(i, fast_sample(power_watts=700.0 + rng.randint(-5, 5),

@@ -130,8 +130,8 @@ def test_every_rule_has_a_scenario_named_after_it():
 
 @pytest.mark.parametrize("name", FAULT_SCENARIOS)
 def test_scenario_fires_its_rule_in_time_and_resolves(name):
-    """The expected anomaly fires after the fault's onset and by onset + latency + hold + 2 polls,
-    is quiet again by end + recovery + clear + 2 polls, and nothing else of warning or critical
+    """The expected anomaly fires after the fault's onset and by onset + latency + hold + every + 2
+    polls, is quiet again by end + recovery + clear + every + 2 polls, and nothing else of warning or critical
     severity fires anywhere but on the faulty GPU."""
     scenario = SCENARIOS[name]
     rule = RULES[scenario.rule]
@@ -143,10 +143,11 @@ def test_scenario_fires_its_rule_in_time_and_resolves(name):
     firing = run.firing(*key)
     assert firing, f"{rule.id} never fired on {key[1]}"
     first = firing[0]
-    assert scenario.onset_seconds + config.hold_seconds <= first <= scenario.fires_by(config.hold_seconds, FAST), (
+    fires_by = scenario.fires_by(config.hold_seconds + config.every_seconds, FAST)
+    assert scenario.onset_seconds + config.hold_seconds <= first <= fires_by, (
         f"{rule.id} first fired at {first:.0f} s; expected from "
-        f"{scenario.onset_seconds + config.hold_seconds:.0f} to {scenario.fires_by(config.hold_seconds, FAST):.0f} s")
-    resolved_by = scenario.resolves_by(config.clear_seconds, FAST)
+        f"{scenario.onset_seconds + config.hold_seconds:.0f} to {fires_by:.0f} s")
+    resolved_by = scenario.resolves_by(config.clear_seconds + config.every_seconds, FAST)
     assert resolved_by is not None and resolved_by <= scenario.duration_seconds
     late = [t for t in firing if t > resolved_by]
     assert not late, f"{rule.id} still firing at {late[0]:.0f} s, after {resolved_by:.0f} s"

@@ -9,7 +9,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.utils import floatToGoString
 
 from gpuwatch import __version__, groups, logs
 from gpuwatch.clock import Clock
@@ -18,6 +20,48 @@ from gpuwatch.model import NodeSnapshot
 
 OPENMETRICS_EOF = "# EOF\n"
 GZIP_MIN_BYTES = 1024  # smaller bodies go uncompressed
+
+
+class _ProcessMetrics:
+    """prometheus_client's ProcessCollector (process_cpu_seconds_total, process_resident_memory_bytes,
+    ...) in either format. Its families' headers come from prometheus_client's own encoders, once;
+    after that a render formats only the values (the full encoder validates and escapes every name
+    again, a quarter of an exposition's cost)."""
+
+    def __init__(self) -> None:
+        self._collector = ProcessCollector(registry=None)
+        self._headers: dict[tuple[str, bool], str] = {}
+
+    def lines(self, openmetrics: bool) -> str:
+        out = []
+        for family in self._collector.collect():
+            if any(sample.labels or sample.timestamp is not None for sample in family.samples):
+                out.append(self._encode(family, openmetrics))  # not what ProcessCollector yields today
+                continue
+            header = self._headers.get((family.name, openmetrics))
+            if header is None:
+                encoded = self._encode(family, openmetrics)
+                header = self._headers[(family.name, openmetrics)] = "".join(
+                    line + "\n" for line in encoded.splitlines() if line.startswith("#"))
+            out.append(header)
+            out.extend(f"{sample.name} {floatToGoString(sample.value)}\n" for sample in family.samples)
+        return "".join(out)
+
+    @staticmethod
+    def _encode(family: Metric, openmetrics: bool) -> str:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_One(family))
+        if openmetrics:
+            return openmetrics_latest(registry).decode()[: -len(OPENMETRICS_EOF)]
+        return generate_latest(registry).decode()
+
+
+class _One:
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> list[Metric]:
+        return [self._family]
 
 
 class Exposition:
@@ -36,10 +80,7 @@ class Exposition:
         self._clock = clock
         self._staleness = staleness
         self._renderer = Renderer(staleness, build_labels(), enabled, per_pid_max)
-        self._process: CollectorRegistry | None = None
-        if process_metrics:
-            self._process = CollectorRegistry(auto_describe=False)
-            ProcessCollector(registry=self._process)
+        self._process = _ProcessMetrics() if process_metrics else None
         self._lock = threading.Lock()
         self._lines: tuple[Any, dict[str, list[str]]] | None = None
         self._bodies: dict[tuple[bool, bool], tuple[Any, bytes, bool]] = {}
@@ -65,14 +106,10 @@ class Exposition:
                 return kept[1], kept[2]
             if self._lines is None or self._lines[0] != state:
                 self._lines = (state, self._renderer.render(snap, now, dropped))
-            body = encode(self._lines[1], openmetrics).encode()
+            text = encode(self._lines[1], openmetrics)
             if self._process is not None:
-                if openmetrics:
-                    body += openmetrics_latest(self._process)[: -len(OPENMETRICS_EOF)]
-                else:
-                    body += generate_latest(self._process)
-            if openmetrics:
-                body += OPENMETRICS_EOF.encode()
+                text += self._process.lines(openmetrics)
+            body = (text + OPENMETRICS_EOF if openmetrics else text).encode()
             compressed = compress and len(body) >= GZIP_MIN_BYTES
             if compressed:
                 body = gzip.compress(body, compresslevel=1)

@@ -196,7 +196,8 @@ class Renderer:
                 a, b = select(state, fast, slow)
                 key = (uuid, name)
                 kept = cache.get(key)
-                if kept is None or kept[0] is not ident or kept[1] is not a or kept[2] is not b:
+                if (kept is None or kept[0] is not ident or (kept[1] is not a and kept[1] != a)
+                        or (kept[2] is not b and kept[2] != b)):  # the same readings: the same lines
                     chunks, layout = _collect(render, prefix, None if kept is None else kept[4], a, b)
                     kept = cache[key] = (ident, a, b, chunks, layout)
                 for family, text in kept[3].items():

@@ -24,6 +24,7 @@ class RuleConfig:
     hold_seconds: float
     clear_seconds: float
     params: Mapping[str, float]
+    every_seconds: float = 0.0  # evaluated at most this often (0: at every evaluation), Rule.every_seconds
 
     def __getitem__(self, name: str) -> float:
         return self.params[name]
@@ -336,6 +337,9 @@ class Rule:
     over, with the tier of that history ("fast" or "slow"). The engine keeps ``rules.window``
     seconds of fast samples and refuses (ConfigError) a fast look-back longer than that; it keeps
     slow samples for the longest slow look-back.
+    ``every_seconds``: the rule is evaluated at most this often (0: after every poll). For rules
+    whose condition is held for tens of seconds or more, or that read the slow tier only: they
+    fire at most that much later, and cost that much less (docs/rules.md, "Evaluation").
     """
 
     id: str
@@ -348,9 +352,11 @@ class Rule:
     params: Mapping[str, float] = field(default_factory=dict)
     applies: Callable[[GpuState], bool] = everywhere
     lookback: Mapping[str, str] = field(default_factory=dict)
+    every_seconds: float = 0.0
 
     def default_config(self) -> RuleConfig:
-        return RuleConfig(True, self.severity, self.hold_seconds, self.clear_seconds, dict(self.params))
+        return RuleConfig(True, self.severity, self.hold_seconds, self.clear_seconds, dict(self.params),
+                          self.every_seconds)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[
         base = configs[rule_id]
         enabled, severity = base.enabled, base.severity
         hold, clear, params = base.hold_seconds, base.clear_seconds, dict(base.params)
+        every = base.every_seconds
         for key, value in settings.items():
             where = f"rules.{rule_id}.{key}"
             if key == "enabled":
@@ -97,20 +98,22 @@ def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[
                 if value not in SEVERITIES:
                     raise ConfigError(f"{where}: must be one of {', '.join(SEVERITIES)}, got {value!r}")
                 severity = value
-            elif key in ("hold", "clear"):
+            elif key in ("hold", "clear", "every"):
                 seconds = _number(where, value)
                 if seconds < 0:
                     raise ConfigError(f"{where}: must be 0 or more seconds, got {value!r}")
                 if key == "hold":
                     hold = seconds
-                else:
+                elif key == "clear":
                     clear = seconds
+                else:
+                    every = seconds
             elif key in rule.params:
                 params[key] = _number(where, value)
             else:
-                known = ", ".join(["enabled", "severity", "hold", "clear", *sorted(rule.params)])
+                known = ", ".join(["enabled", "severity", "hold", "clear", "every", *sorted(rule.params)])
                 raise ConfigError(f"{where}: unknown setting; {rule_id} takes {known}")
-        configs[rule_id] = RuleConfig(enabled, severity, hold, clear, params)
+        configs[rule_id] = RuleConfig(enabled, severity, hold, clear, params, every)
     return configs
 
 
@@ -166,11 +169,15 @@ class Engine:
         self._tracks: dict[tuple[str, str | None], _Track] = {}
         self._history: dict[str, History[FastSample]] = {}
         self._slow_history: dict[str, History[SlowSample]] = {}
-        self._signature: tuple[Mapping[str, bool], ...] | None = None  # the GPUs' features of _targets
+        # the GPUs (uuid, features) of _targets: a new plan (new lists) when they change
+        self._signature: tuple[tuple[str, Mapping[str, bool]], ...] | None = None
         self._targets: dict[str, list[int] | None] = {}
         self._onsets: dict[str, int] = {}  # rule id -> onsets on any GPU or the node
         self._errors: dict[str, int] = {}  # rule id -> evaluations that raised
         self._failed_logged: set[tuple[str, str | None]] = set()
+        # rule id -> (when, the plan's targets, the anomalies) of its last evaluation, for the rules
+        # with ``every``: until ``every`` has passed, the same targets get the same anomalies
+        self._kept: dict[str, tuple[float, list[int] | None, list[Anomaly]]] = {}
         self._log = get_logger(component="rules")
         self._lock = threading.Lock()
 
@@ -192,6 +199,7 @@ class Engine:
         slow_seconds = check_lookback(self._rules, configs, self._window_seconds)
         with self._lock:
             self._configs, self._slow_seconds = configs, slow_seconds
+            self._kept.clear()
 
     def counters(self) -> tuple[dict[str, int], dict[str, int]]:
         """(onsets, evaluation errors) per enabled rule, over every GPU and the node; 0 until the first."""
@@ -247,6 +255,15 @@ class Engine:
             config = self._configs[rule.id]
             if not config.enabled:
                 continue
+            every = config.every_seconds
+            targets = None if rule.scope == "node" else plan[rule.id]
+            if every:  # evaluated less than ``every`` ago, on the same GPUs: its last states again
+                kept = self._kept.get(rule.id)
+                if (kept is not None and kept[1] is targets and (targets is not None or rule.scope == "node")
+                        and 0.0 <= now - kept[0] < every):
+                    result.extend(kept[2])
+                    continue
+            first = len(result)
             if rule.scope == "node":
                 try:
                     obs = rule.evaluate(window, config)
@@ -254,9 +271,11 @@ class Engine:
                     self._failed(rule, None, None, exc)
                     obs = None
                 result.append(step(rule, config, None, None, obs, now, wall))
+                if every:
+                    self._kept[rule.id] = (now, None, result[first:])
                 continue
             evaluate = rule.evaluate
-            targets = plan[rule.id]
+            kept_targets = targets
             if targets is None:  # an ``applies`` that may look at more than the features: ask every time
                 targets = [i for i, state in enumerate(gpus) if self._applies(rule, state)]
             for i in targets:
@@ -267,6 +286,8 @@ class Engine:
                     self._failed(rule, uuid, labels[i], exc)
                     obs = None
                 result.append(step(rule, config, uuid, labels[i], obs, now, wall))
+            if every:
+                self._kept[rule.id] = (now, kept_targets, result[first:])
         return tuple(result)
 
     def _failed(self, rule: Rule, uuid: str | None, gpu: str | None, exc: Exception) -> None:
@@ -293,7 +314,7 @@ class Engine:
         ``everywhere`` and ``needs(...)`` depend on the probed features only, so the answer holds
         until a discovery changes the GPUs or their features.
         """
-        signature = tuple(state.features for state in gpus)
+        signature = tuple((state.identity.uuid, state.features) for state in gpus)
         if signature != self._signature:  # the same mappings, or equal ones in the same order: the same plan
             plan: dict[str, list[int] | None] = {}
             for rule in self._rules:
@@ -337,14 +358,19 @@ class Engine:
             elif state == "clearing" and now - track.since >= config.clear_seconds:
                 track.state, track.since_wall = "quiet", None
                 self._transition("anomaly_resolved", rule, config, uuid, gpu, obs)
-        last = track.last or _NOTHING
-        shown = (config.severity, gpu, track.state, track.since_wall, track.onsets, last)
+        # A firing anomaly shows its latest reading (value, threshold, summary); a quiet or pending
+        # one shows none (like Prometheus' ALERTS, nothing reads it), so it is the same object from
+        # one evaluation to the next and its summary is never formatted.
+        firing = track.state == "firing" or track.state == "clearing"
+        last = (track.last or _NOTHING) if firing else None
+        shown = (config.severity, gpu, firing, track.since_wall, track.onsets, last)
         if shown != track.shown:  # else the Anomaly returned last time says the same: return it again
             track.shown = shown
             track.anomaly = Anomaly(
-                rule=rule.id, severity=config.severity, uuid=uuid, gpu=gpu,
-                firing=track.state in ("firing", "clearing"), since_wall=track.since_wall, onsets=track.onsets,
-                value=last.value, threshold=last.threshold, summary=last.summary,
+                rule=rule.id, severity=config.severity, uuid=uuid, gpu=gpu, firing=firing,
+                since_wall=track.since_wall, onsets=track.onsets,
+                value=None if last is None else last.value, threshold=None if last is None else last.threshold,
+                summary="" if last is None else last.summary,
             )
         return track.anomaly  # type: ignore[return-value]
 

@@ -9,6 +9,7 @@ the reading that says whether a fan turns.
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 from gpuwatch.model import FanReading, FastSample, Observation, slowdown_headroom
@@ -52,9 +53,17 @@ def _fan_stalled(window: Window, uuid: str, config: RuleConfig) -> Observation |
             return Observation(True, value, threshold,
                                f"{gpu_label(window, uuid)} fan {fan.fan} at {_pct(fan.speed_ratio)}{rpm} {why}")
         if quiet is None:
-            quiet = Observation(False, value, threshold,
-                                f"{gpu_label(window, uuid)} fan {fan.fan} at {_pct(fan.speed_ratio)}")
+            quiet = Observation(False, value, threshold, functools.partial(_fan_text, window, uuid, fan))
     return quiet
+
+
+def _fan_text(window: Window, uuid: str, fan: FanReading) -> str:
+    return f"{gpu_label(window, uuid)} fan {fan.fan} at {_pct(fan.speed_ratio)}"
+
+
+def _tracking_text(window: Window, uuid: str, fan: FanReading, median: float, seconds: float) -> str:
+    return (f"{_fan_text(window, uuid, fan)} while its target is {_pct(fan.target_speed_ratio)} (median gap "
+            f"{median * 100:+.0f} points over {seconds:.0f} s)")
 
 
 def _deviation(sample: FastSample, fan_index: int) -> float | None:
@@ -80,12 +89,8 @@ def _fan_not_tracking(window: Window, uuid: str, config: RuleConfig) -> Observat
         median = statistics.median(deviations)
         stopped = _stopped(fan, config)  # a stopped fan is fan_stalled's business
         active = abs(median) > config["deviation_ratio"] and not stopped
-        obs = Observation(
-            active, abs(median), config["deviation_ratio"],
-            f"{gpu_label(window, uuid)} fan {fan.fan} at {_pct(fan.speed_ratio)} while its target is "
-            f"{_pct(fan.target_speed_ratio)} (median gap {median * 100:+.0f} points over "
-            f"{config['window_seconds']:.0f} s)",
-        )
+        obs = Observation(active, abs(median), config["deviation_ratio"],
+                          functools.partial(_tracking_text, window, uuid, fan, median, config["window_seconds"]))
         if active:
             return obs
         if result is None or (obs.value or 0) > (result.value or 0):
@@ -108,8 +113,9 @@ def _fan_at_max(window: Window, uuid: str, config: RuleConfig) -> Observation | 
     active = demand >= config["max_ratio"] and headroom <= config["margin_celsius"]
     return Observation(
         active, headroom, config["margin_celsius"],
-        f"{gpu_label(window, uuid)} fans at {_pct(demand)} and the GPU at {fast.thermal.temperature_celsius:.0f} °C, "
-        f"{headroom:.0f} °C below its {slowdown:.0f} °C slowdown threshold",
+        lambda: f"{gpu_label(window, uuid)} fans at {_pct(demand)} and the GPU at "
+                f"{fast.thermal.temperature_celsius:.0f} °C, {headroom:.0f} °C below its {slowdown:.0f} °C "
+                "slowdown threshold",
     )
 
 
@@ -133,6 +139,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=90.0,
         clear_seconds=60.0,
+        every_seconds=10.0,
         condition="A turning fan's speed stays far from the speed the driver is driving it toward "
                   "(median gap over the window above the threshold).",
         evaluate=_fan_not_tracking,
@@ -146,6 +153,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=60.0,
         clear_seconds=60.0,
+        every_seconds=10.0,
         condition="Every fan is driven at its maximum and the GPU is still within a few degrees of its "
                   "slowdown temperature: the cooling is at its limit.",
         evaluate=_fan_at_max,

@@ -52,9 +52,9 @@ def _gpu_lost(window: Window, uuid: str, config: RuleConfig) -> Observation | No
     state = window.gpu(uuid)
     if state is None or not window.latest.backend_up:
         return None  # with the backend down nothing is known about any GPU (backend_down says so)
-    label = f"{gpu_label(window, uuid)} ({uuid})"
     if state.up:
-        return Observation(False, 0.0, 0.0, f"{label} answering")
+        return Observation(False, 0.0, 0.0, lambda: f"{gpu_label(window, uuid)} ({uuid}) answering")
+    label = f"{gpu_label(window, uuid)} ({uuid})"
     if not state.visible:
         return Observation(True, 1.0, 0.0, f"{label} no longer listed by the driver")
     age = "" if state.fast_monotonic is None else f"; last reading {window.now - state.fast_monotonic:.0f} s ago"
@@ -79,9 +79,10 @@ def _xid_critical(window: Window, uuid: str, config: RuleConfig) -> Observation 
         ((now - when, code) for code, when in state.xid_last_timestamp.items()
          if code in CRITICAL_XIDS and now - when <= lookback),
     )
-    label = gpu_label(window, uuid)
     if not recent:
-        return Observation(False, None, lookback, f"{label} no critical XID in the last {lookback / 60:.0f} min")
+        return Observation(False, None, lookback,
+                           lambda: f"{gpu_label(window, uuid)} no critical XID in the last {lookback / 60:.0f} min")
+    label = gpu_label(window, uuid)
     age, code = recent[0]
     others = "" if len(recent) == 1 else f" (also XID {', '.join(str(c) for _, c in recent[1:])})"
     count = state.xid_counts.get(code, 0)
@@ -101,10 +102,13 @@ def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observa
     if count is None:
         return None
     total = slow.ecc.ecc_errors.get(("uncorrected", "aggregate"))
-    lifetime = "" if total is None else f" ({total} over its lifetime)"
-    return Observation(count >= config["min_count"], float(count), config["min_count"],
-                       f"{gpu_label(window, uuid)} {count} uncorrectable ECC errors since the last driver load "
-                       f"or GPU reset{lifetime}")
+
+    def summary() -> str:
+        lifetime = "" if total is None else f" ({total} over its lifetime)"
+        return (f"{gpu_label(window, uuid)} {count} uncorrectable ECC errors since the last driver load "
+                f"or GPU reset{lifetime}")
+
+    return Observation(count >= config["min_count"], float(count), config["min_count"], summary)
 
 
 def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str, RuleConfig], Observation | None]:
@@ -114,7 +118,7 @@ def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str
         if flag is None:
             return None
         return Observation(bool(flag), float(flag), 1.0,
-                           f"{gpu_label(window, uuid)} {text_on if flag else text_off}")
+                           lambda: f"{gpu_label(window, uuid)} {text_on if flag else text_off}")
 
     return evaluate
 
@@ -168,22 +172,25 @@ def _pcie_link_degraded(window: Window, uuid: str, config: RuleConfig) -> Observ
     busy_then = _busy(_sample_near(window, uuid, state.slow_monotonic), config)
     if busy_now is None:
         return None
-    link = f"gen {gen.get('current', '?')} x{width.get('current', '?')}"
-    best = f"gen {gen.get('max', '?')} x{width.get('max', '?')}"
-    label = gpu_label(window, uuid)
+    active = bool(parts and busy_now and busy_then)
+
+    def summary() -> str:
+        link = f"gen {gen.get('current', '?')} x{width.get('current', '?')}"
+        best = f"gen {gen.get('max', '?')} x{width.get('max', '?')}"
+        if not parts:
+            return f"{gpu_label(window, uuid)} PCIe link at {link} (max {best})"
+        if active:
+            state_text = "while busy"
+        elif busy_now:
+            state_text = "read while the GPU was not busy yet"
+        else:
+            state_text = "while idle (a downshift on purpose)"
+        return f"{gpu_label(window, uuid)} PCIe link at {link} {state_text} (max {best})"
+
     if not parts:
-        return Observation(False, float(width.get("current", 0)), float(width.get("max", 0)),
-                           f"{label} PCIe link at {link} (max {best})")
-    name, current, maximum = parts[-1]  # width first: lanes lost are the worse sign
-    active = bool(busy_now and busy_then)
-    if active:
-        state_text = "while busy"
-    elif busy_now:
-        state_text = "read while the GPU was not busy yet"
-    else:
-        state_text = "while idle (a downshift on purpose)"
-    return Observation(active, float(current), float(maximum),
-                       f"{label} PCIe link at {link} {state_text} (max {best})")
+        return Observation(False, float(width.get("current", 0)), float(width.get("max", 0)), summary)
+    _, current, maximum = parts[-1]  # width first: lanes lost are the worse sign
+    return Observation(active, float(current), float(maximum), summary)
 
 
 def _replays_increase(points: list[tuple[float, int]]) -> int:
@@ -206,15 +213,14 @@ def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Obser
     slow = _slow(window, uuid)
     if slow is None or slow.pcie.pcie_replays is None:
         return None
-    label = gpu_label(window, uuid)
     lookback, per_minute = config["lookback_seconds"], config["min_per_minute"]
     readings, span, increase = window.slow_history(uuid).derive(_replays, _replays, window.since(lookback))
     if readings < 2 or span < lookback / 5:
         return None
     rate = increase / span * 60.0
     return Observation(rate >= per_minute, rate, per_minute,
-                       f"{label} {rate:.1f} PCIe replays a minute over the last {span / 60:.0f} min "
-                       f"({slow.pcie.pcie_replays} since the last reset)")
+                       lambda: f"{gpu_label(window, uuid)} {rate:.1f} PCIe replays a minute over the last "
+                               f"{span / 60:.0f} min ({slow.pcie.pcie_replays} since the last reset)")
 
 
 RULES: tuple[Rule, ...] = (
@@ -246,6 +252,7 @@ RULES: tuple[Rule, ...] = (
         severity="critical",
         hold_seconds=0.0,
         clear_seconds=60.0,
+        every_seconds=5.0,
         condition="The volatile uncorrectable ECC count (since the last driver load or GPU reset) is "
                   "at least min_count.",
         evaluate=_ecc_uncorrectable,
@@ -258,6 +265,7 @@ RULES: tuple[Rule, ...] = (
         severity="critical",
         hold_seconds=0.0,
         clear_seconds=60.0,
+        every_seconds=5.0,
         condition="The driver reports that a memory row remapping failed.",
         evaluate=_flag_rule("remapped_rows_failed", "row remapping failed: the memory cannot be repaired",
                             "no row remapping failure"),
@@ -269,6 +277,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=0.0,
         clear_seconds=60.0,
+        every_seconds=5.0,
         condition="A memory row remap is pending and needs a GPU reset to take effect.",
         evaluate=_flag_rule("remapped_rows_pending", "row remap pending: reset the GPU when it is drained",
                             "no row remap pending"),
@@ -280,6 +289,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=0.0,
         clear_seconds=60.0,
+        every_seconds=5.0,
         condition="A memory page is marked for retirement, which takes effect at the next reboot or "
                   "driver reload.",
         evaluate=_flag_rule("retired_pages_pending", "page retirement pending: reboot when drained",
@@ -292,6 +302,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=60.0,
         clear_seconds=60.0,
+        every_seconds=10.0,
         condition="The PCIe link runs below its maximum generation or width while the GPU is busy "
                   "(when the link was read and now); idle downshifts are ignored.",
         evaluate=_pcie_link_degraded,
@@ -304,6 +315,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=0.0,
         clear_seconds=60.0,
+        every_seconds=10.0,
         condition="The PCIe replay counter grows by at least min_per_minute over the lookback "
                   "(approximation until the engine keeps slow samples: the count since the last reset "
                   "reaches min_per_minute × lookback).",

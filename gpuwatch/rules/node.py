@@ -13,7 +13,7 @@ from gpuwatch.rules.base import Rule, RuleConfig, Window
 def _backend_down(window: Window, config: RuleConfig) -> Observation:
     latest = window.latest
     if latest.backend_up:
-        return Observation(False, 1.0, 1.0, f"backend {latest.backend} up")
+        return Observation(False, 1.0, 1.0, lambda: f"backend {latest.backend} up")
     return Observation(True, 0.0, 1.0, f"backend {latest.backend} down: {latest.backend_reason or 'unknown reason'}")
 
 
@@ -22,17 +22,21 @@ def _collection_stalled(window: Window, config: RuleConfig) -> Observation | Non
     if tier is None:
         return None
     limit = config["staleness_factor"] * window.fast_staleness
-    if tier.last_completed_monotonic is not None:
-        age = window.now - tier.last_completed_monotonic
-        text = f"last fast poll completed {age:.0f} s ago"
-    elif tier.in_flight_since is not None:
-        age = window.now - tier.in_flight_since
-        text = "no fast poll completed yet"
+    now, completed, since = window.now, tier.last_completed_monotonic, tier.in_flight_since
+    if completed is not None:
+        age = now - completed
+    elif since is not None:
+        age = now - since
     else:
         return None  # not started
-    if tier.in_flight_since is not None:
-        text += f"; one has been running for {window.now - tier.in_flight_since:.0f} s (NVML call hung?)"
-    return Observation(age > limit, age, limit, text)
+
+    def summary() -> str:
+        text = f"last fast poll completed {age:.0f} s ago" if completed is not None else "no fast poll completed yet"
+        if since is not None:
+            text += f"; one has been running for {now - since:.0f} s (NVML call hung?)"
+        return text
+
+    return Observation(age > limit, age, limit, summary)
 
 
 def _gpu_missing(window: Window, config: RuleConfig) -> Observation | None:
@@ -40,10 +44,12 @@ def _gpu_missing(window: Window, config: RuleConfig) -> Observation | None:
     expected = window.expected_gpus
     if not latest.backend_up or expected <= 0:
         return None  # backend_down covers a backend that sees nothing
-    gone = [state for state in latest.gpus if not state.visible]
-    names = "".join(f"; GPU {s.identity.index} ({s.identity.uuid}) gone" for s in gone)
-    return Observation(latest.visible_gpus < expected, float(latest.visible_gpus), float(expected),
-                       f"{latest.visible_gpus} GPUs visible, {expected} expected{names}")
+
+    def summary() -> str:
+        names = "".join(f"; GPU {s.identity.index} ({s.identity.uuid}) gone" for s in latest.gpus if not s.visible)
+        return f"{latest.visible_gpus} GPUs visible, {expected} expected{names}"
+
+    return Observation(latest.visible_gpus < expected, float(latest.visible_gpus), float(expected), summary)
 
 
 RULES: tuple[Rule, ...] = (

@@ -90,7 +90,6 @@ def _overheating(window: Window, uuid: str, config: RuleConfig) -> Observation |
     slow = window.slow(uuid)
     if fast is None or slow is None:
         return None
-    label = gpu_label(window, uuid)
     headroom, slowdown = slowdown_headroom(fast, slow)
     memory_max = slow.thermal.temperature_threshold_celsius.get("memory_max")
     memory = fast.thermal.memory_temperature_celsius
@@ -101,14 +100,15 @@ def _overheating(window: Window, uuid: str, config: RuleConfig) -> Observation |
     memory_hot = memory_headroom is not None and memory_headroom <= config["memory_margin_celsius"]
     if memory_hot and not gpu_hot:
         return Observation(True, memory_headroom, config["memory_margin_celsius"],
-                           f"{label} memory at {memory:.0f} °C, {memory_headroom:.0f} °C below its "
+                           f"{gpu_label(window, uuid)} memory at {memory:.0f} °C, {memory_headroom:.0f} °C below its "
                            f"{memory_max:.0f} °C maximum")
     if headroom is None:
         return Observation(False, memory_headroom, config["memory_margin_celsius"],
-                           f"{label} memory at {memory:.0f} °C, {memory_headroom:.0f} °C below its maximum")
+                           lambda: f"{gpu_label(window, uuid)} memory at {memory:.0f} °C, {memory_headroom:.0f} °C "
+                                   "below its maximum")
     return Observation(gpu_hot, headroom, config["margin_celsius"],
-                       f"{label} at {fast.thermal.temperature_celsius:.0f} °C, {headroom:.0f} °C below its "
-                       f"{slowdown:.0f} °C slowdown threshold")
+                       lambda: f"{gpu_label(window, uuid)} at {fast.thermal.temperature_celsius:.0f} °C, "
+                               f"{headroom:.0f} °C below its {slowdown:.0f} °C slowdown threshold")
 
 
 # ------------------------------------------------------------------------------------ runaway
@@ -183,20 +183,19 @@ def _thermal_runaway(window: Window, uuid: str, config: RuleConfig) -> Observati
     temp = fast.thermal.temperature_celsius
     if temp is None:
         return None
-    label = gpu_label(window, uuid)
     seconds = math.inf
     if rate >= config["min_rate_celsius_per_minute"]:
         seconds = project_seconds_to(slowdown, temp, means, spacing)
     active = headroom <= config["watch_margin_celsius"] and seconds <= config["horizon_seconds"]
-    if math.isinf(seconds):
-        text = (f"{label} at {temp:.0f} °C ({rate:+.1f} °C/min), not heading past its {slowdown:.0f} °C "
-                "slowdown threshold")
-        value = None
-    else:
-        text = (f"{label} at {temp:.0f} °C rising {rate:.1f} °C/min: projected to reach its {slowdown:.0f} °C "
-                f"slowdown threshold in {seconds / 60:.1f} min")
-        value = seconds
-    return Observation(active, value, config["horizon_seconds"], text)
+
+    def summary() -> str:
+        if math.isinf(seconds):
+            return (f"{gpu_label(window, uuid)} at {temp:.0f} °C ({rate:+.1f} °C/min), not heading past its "
+                    f"{slowdown:.0f} °C slowdown threshold")
+        return (f"{gpu_label(window, uuid)} at {temp:.0f} °C rising {rate:.1f} °C/min: projected to reach its "
+                f"{slowdown:.0f} °C slowdown threshold in {seconds / 60:.1f} min")
+
+    return Observation(active, None if math.isinf(seconds) else seconds, config["horizon_seconds"], summary)
 
 
 # ------------------------------------------------------------------------------------ throttling
@@ -211,14 +210,16 @@ def _thermal_throttling(window: Window, uuid: str, config: RuleConfig) -> Observ
     share = counter_share(window, uuid, THERMAL_COUNTERS, span)
     if share is None:  # no counters on this GPU: the share of polls with a thermal reason set
         share = sample_share(window, uuid, THERMAL_REASONS, span)
-    label = gpu_label(window, uuid)
-    share_text = "" if share is None else f"; clocks held down for heat {share * 100:.0f}% of the last {span:.0f} s"
+
+    def summary() -> str:
+        share_text = "" if share is None else f"; clocks held down for heat {share * 100:.0f}% of the last {span:.0f} s"
+        if active_now:
+            return f"{gpu_label(window, uuid)} thermal slowdown active ({', '.join(active_now)}){share_text}"
+        return f"{gpu_label(window, uuid)} no thermal slowdown now{share_text}"
+
     if active_now:
-        return Observation(True, share if share is not None else 1.0, config["min_share"],
-                           f"{label} thermal slowdown active ({', '.join(active_now)}){share_text}")
-    active = share is not None and share >= config["min_share"]
-    return Observation(active, share, config["min_share"],
-                       f"{label} no thermal slowdown now{share_text}")
+        return Observation(True, share if share is not None else 1.0, config["min_share"], summary)
+    return Observation(share is not None and share >= config["min_share"], share, config["min_share"], summary)
 
 
 # ------------------------------------------------------------------------------------ outlier
@@ -283,8 +284,8 @@ def _thermal_outlier(window: Window, uuid: str, config: RuleConfig) -> Observati
     delta = temp - median
     return Observation(
         delta >= config["delta_celsius"], delta, config["delta_celsius"],
-        f"{gpu_label(window, uuid)} at {temp:.0f} °C, {delta:+.0f} °C from the median of {peers} peers "
-        f"drawing about the same power ({power:.0f} W)",
+        lambda: f"{gpu_label(window, uuid)} at {temp:.0f} °C, {delta:+.0f} °C from the median of {peers} peers "
+                f"drawing about the same power ({power:.0f} W)",
     )
 
 
@@ -306,6 +307,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=20.0,
         clear_seconds=60.0,
+        every_seconds=5.0,
         condition="The temperature, already within the watch margin of slowdown, rises fast enough to "
                   "reach the slowdown threshold within the horizon (and is not levelling off below it).",
         evaluate=_thermal_runaway,
@@ -319,6 +321,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=20.0,
         clear_seconds=60.0,
+        every_seconds=5.0,
         condition="HW or SW thermal slowdown is active, or the thermal throttle-time counters grew by "
                   "at least the given share of the window.",
         evaluate=_thermal_throttling,
@@ -332,6 +335,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=300.0,
         clear_seconds=120.0,
+        every_seconds=10.0,
         condition="The GPU runs clearly hotter than the median of at least two peers of the same model "
                   "drawing about the same power (a cooling failure where NVML sees no fan).",
         evaluate=_thermal_outlier,

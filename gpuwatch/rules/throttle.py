@@ -8,7 +8,7 @@ since they miss nothing between two polls.
 
 from __future__ import annotations
 
-from gpuwatch.model import Observation
+from gpuwatch.model import FastSample, Observation
 from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
 from gpuwatch.rules.thermal import counter_share, gpu_label, sample_share
 
@@ -24,12 +24,18 @@ def _power_brake(window: Window, uuid: str, config: RuleConfig) -> Observation |
         share = sample_share(window, uuid, reason, span)
     now = fast.clocks.clocks_event_active.get("hw_power_brake_slowdown", False)
     active = now or (share is not None and share >= config["min_share"])
-    share_text = "" if share is None else f", {share * 100:.0f}% of the last {span:.0f} s"
+
+    def summary() -> str:
+        share_text = "" if share is None else f", {share * 100:.0f}% of the last {span:.0f} s"
+        state = "active" if now else "not active now"
+        return f"{gpu_label(window, uuid)} HW power brake {state}{share_text}{_clock_text(fast)}"
+
+    return Observation(active, share if share is not None else float(now), config["min_share"], summary)
+
+
+def _clock_text(fast: FastSample) -> str:
     clock = fast.clocks.clock_hertz.get("graphics")
-    clock_text = "" if clock is None else f"; graphics clock {clock / 1e6:.0f} MHz"
-    state = "active" if now else "not active now"
-    return Observation(active, share if share is not None else float(now), config["min_share"],
-                       f"{gpu_label(window, uuid)} HW power brake {state}{share_text}{clock_text}")
+    return "" if clock is None else f"; graphics clock {clock / 1e6:.0f} MHz"
 
 
 def _hw_slowdown(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
@@ -41,11 +47,9 @@ def _hw_slowdown(window: Window, uuid: str, config: RuleConfig) -> Observation |
                          unless=("hw_thermal_slowdown", "hw_power_brake_slowdown"))
     if share is None:
         return None
-    clock = fast.clocks.clock_hertz.get("graphics")
-    clock_text = "" if clock is None else f"; graphics clock {clock / 1e6:.0f} MHz"
     return Observation(share >= config["min_share"], share, config["min_share"],
-                       f"{gpu_label(window, uuid)} HW slowdown (neither thermal nor power brake) in "
-                       f"{share * 100:.0f}% of the polls of the last {span:.0f} s{clock_text}")
+                       lambda: f"{gpu_label(window, uuid)} HW slowdown (neither thermal nor power brake) in "
+                               f"{share * 100:.0f}% of the polls of the last {span:.0f} s{_clock_text(fast)}")
 
 
 def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
@@ -56,14 +60,17 @@ def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation 
     share = sample_share(window, uuid, ("sw_power_cap",), span)
     if share is None:
         return None
-    slow = window.slow(uuid)
-    limit = None if slow is None else slow.power.power_limit_watts.get("enforced")
-    power = fast.power.power_watts
-    draw = "" if power is None else f" at {power:.0f} W"
-    cap = "" if limit is None else f" of its {limit:.0f} W limit"
-    return Observation(share >= config["min_share"], share, config["min_share"],
-                       f"{gpu_label(window, uuid)} power-capped{draw}{cap} in {share * 100:.0f}% of the polls "
-                       f"of the last {span:.0f} s")
+
+    def summary() -> str:
+        slow = window.slow(uuid)
+        limit = None if slow is None else slow.power.power_limit_watts.get("enforced")
+        power = fast.power.power_watts
+        draw = "" if power is None else f" at {power:.0f} W"
+        cap = "" if limit is None else f" of its {limit:.0f} W limit"
+        return (f"{gpu_label(window, uuid)} power-capped{draw}{cap} in {share * 100:.0f}% of the polls "
+                f"of the last {span:.0f} s")
+
+    return Observation(share >= config["min_share"], share, config["min_share"], summary)
 
 
 RULES: tuple[Rule, ...] = (
@@ -86,6 +93,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=30.0,
         clear_seconds=60.0,
+        every_seconds=5.0,
         condition="HW slowdown without HW thermal slowdown or power brake (fast-trigger over-power or "
                   "unknown) in at least half of the polls of the window.",
         evaluate=_hw_slowdown,
@@ -99,6 +107,7 @@ RULES: tuple[Rule, ...] = (
         severity="info",
         hold_seconds=60.0,
         clear_seconds=120.0,
+        every_seconds=10.0,
         condition="SW power capping holds the clocks down in at least half of the polls of the window "
                   "(normal at full load).",
         evaluate=_power_capped,

@@ -9,7 +9,7 @@ computes in bursts never fires.
 
 from __future__ import annotations
 
-from gpuwatch.model import Observation
+from gpuwatch.model import FastSample, Observation
 from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
 from gpuwatch.rules.thermal import gpu_label
 
@@ -19,19 +19,25 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
     state = window.gpu(uuid)
     if fast is None or state is None:
         return None
-    readings = [s.utilization.utilization_ratio.get("gpu") for _, s in window.series(uuid, config["window_seconds"])]
-    utilization = [u for u in readings if u is not None]
-    if not utilization:
+    history = window.history(uuid)
+    lo = history.index(window.since(config["window_seconds"]))
+    busiest = max((u for u in history.column(_utilization)[lo:history.end] if u is not None), default=None)
+    if busiest is None:
         return None
-    busiest = max(utilization)
-    jobs = sorted({f"{w.scheduler} {w.job_id}".strip() for w in state.workloads if w.scheduler != "unknown"})
     memory = fast.memory.memory_used_bytes or 0
     held = bool(state.workloads) or memory >= config["min_memory_bytes"]
-    label = gpu_label(window, uuid)
-    holder = ", ".join(jobs) if jobs else f"{memory / 2**30:.1f} GiB in use"
-    return Observation(held and busiest <= config["idle_ratio"], busiest, config["idle_ratio"],
-                       f"{label} held by {holder} but at most {busiest:.0%} busy over the last "
-                       f"{config['window_seconds']:.0f} s")
+
+    def summary() -> str:
+        jobs = sorted({f"{w.scheduler} {w.job_id}".strip() for w in state.workloads if w.scheduler != "unknown"})
+        holder = ", ".join(jobs) if jobs else f"{memory / 2**30:.1f} GiB in use"
+        return (f"{gpu_label(window, uuid)} held by {holder} but at most {busiest:.0%} busy over the last "
+                f"{config['window_seconds']:.0f} s")
+
+    return Observation(held and busiest <= config["idle_ratio"], busiest, config["idle_ratio"], summary)
+
+
+def _utilization(sample: FastSample) -> float | None:
+    return sample.utilization.utilization_ratio.get("gpu")
 
 
 RULES: tuple[Rule, ...] = (
@@ -41,6 +47,7 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         hold_seconds=1800.0,
         clear_seconds=60.0,
+        every_seconds=30.0,
         condition="A workload holds the GPU (a process on it, or at least min_memory_bytes of its memory in "
                   "use) while its utilization stays at or below idle_ratio; held for 30 minutes.",
         evaluate=_allocated_idle,
