@@ -87,10 +87,10 @@ class Store:
 
     def put_fast(self, uuid: str, sample: FastSample) -> None:
         with self._lock:
-            state = self._gpus[uuid]
-            self._gpus[uuid] = dataclasses.replace(
-                state, up=True, fast=sample, fast_monotonic=self._clock.monotonic()
-            )
+            s = self._gpus[uuid]
+            # GpuState(...) spelled out: dataclasses.replace costs as much as reading the GPU's power
+            self._gpus[uuid] = GpuState(s.identity, s.features, True, sample, self._clock.monotonic(), s.slow,
+                                        s.slow_monotonic, s.xid_counts, s.xid_last_timestamp, s.workloads, s.visible)
             self._changed()
 
     def put_slow(self, uuid: str, sample: SlowSample, workloads: tuple[ProcessInfo, ...] = ()) -> None:

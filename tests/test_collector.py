@@ -207,3 +207,49 @@ def test_process_metrics_match_prometheus_clients_own_encoders():
         assert shape(om) == shape(theirs_om) and "# TYPE process_cpu_seconds counter" in om
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["process_resident_memory_bytes"].samples[0].value > 0
+
+
+def test_value_spelling_is_prometheus_clients():
+    """The encoder's own float spelling (cached for whole numbers) is floatToGoString's."""
+    import random
+
+    from prometheus_client.utils import floatToGoString
+
+    from gpuwatch.exporter.collector import _value
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1.0, -1.0, 1e6, -1e6, 999999.5, 1e-7, 123456789.0, 1.5e16, float("inf"),
+              float("-inf"), float("nan"), 5e-324, 1.7976931348623157e308, 143771 * 2.0**20]
+    values += [rng.uniform(-2e6, 2e6) for _ in range(2000)] + [float(rng.randrange(10**12)) for _ in range(2000)]
+    for value in values + values:  # the second time from the cache
+        assert _value(value) == floatToGoString(value), value
+
+
+def test_gzip_body_is_one_member_and_follows_the_process_metrics_from_second_to_second():
+    """The gzip body is a single RFC 1952 member (curl and Go read it alike) whose content is
+    exactly the uncompressed body, also when a later second re-compresses only the process_* tail."""
+    import gzip
+    import zlib
+
+    from gpuwatch.exporter import Exposition
+
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    gpus = [DiscoveredGpu(identity(i), {f: True for f in FEATURES}) for i in range(8)]
+    store.set_gpus(gpus)
+    store.set_backend(True)
+    for gpu in gpus:
+        store.put_fast(gpu.identity.uuid, fast_sample())
+        store.put_slow(gpu.identity.uuid, slow_sample())
+    exposition = Exposition(store.snapshot, clock, lambda tier: 6.0 if tier == "fast" else 90.0)
+    for step in range(4):
+        for openmetrics in (False, True):
+            plain, was = exposition.render(openmetrics=openmetrics)
+            body, compressed = exposition.render(openmetrics=openmetrics, compress=True)
+            assert compressed and not was
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            assert inflate.decompress(body) == plain and inflate.eof and inflate.unused_data == b""
+            assert gzip.decompress(body) == plain and b"process_cpu_seconds" in plain
+        clock.advance(1.0)  # the same snapshot, a new second: a new process_* tail
+        if step == 2:
+            store.put_fast(gpus[3].identity.uuid, fast_sample(temperature_celsius=70.0))

@@ -22,6 +22,7 @@ here (``_Texts``): bytes that are not UTF-8 become U+FFFD and are counted, never
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -105,27 +106,101 @@ class _Texts:
 
 
 _XID_EVENT = groups.xid.XID_CRITICAL_ERROR
+_NO_SHARES: Mapping[str, float] = {}
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
+def _plain(printable: Any) -> Any:
+    """A plain ctypes type with the layout (``_fields_``) of one of pynvml's printable structures or
+    unions, whose Python __getattribute__ runs on every attribute read."""
+    base = ctypes.Union if issubclass(printable, ctypes.Union) else ctypes.Structure
+    return type(f"_Plain{printable.__name__}", (base,), {"_fields_": printable._fields_})
+
+
 class _FieldValue(ctypes.Structure):
-    """nvmlFieldValue_t, laid out as pynvml's c_nvmlFieldValue_t but a plain ctypes Structure: pynvml's
-    printable structures decode bytes in a Python __getattribute__ on every attribute read."""
+    """nvmlFieldValue_t, laid out as pynvml's c_nvmlFieldValue_t, read with ctypes' own attributes."""
 
     _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
                 ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
-                ("value", N.c_nvmlValue_t)]
+                ("value", _plain(N.c_nvmlValue_t))]
+
+
+# The getters of every fast poll, called here the way pynvml's wrappers call them (make the output,
+# call, check the return, read the output) but with the output made once per GPU and the function
+# resolved once: about a microsecond less per call. C name -> (output type; its version member's
+# value, or None; the output's members that take the arguments, in order, or () when the arguments
+# are passed to the C function after the handle (as unsigned ints); what to return: None the
+# scalar's value, "" the structure (read it at once: the next call overwrites it), else that
+# member). The layouts are pynvml's own (_plain), the same ABI as its wrappers.
+_DIRECT: Mapping[str, tuple[Any, int | None, tuple[str, ...], str | None]] = {
+    "nvmlDeviceGetTemperatureV": (_plain(N.c_nvmlTemperature_v1_t), N.nvmlTemperature_v1, ("sensorType",),
+                                  "temperature"),
+    "nvmlDeviceGetTemperature": (ctypes.c_uint, None, (), None),
+    "nvmlDeviceGetMarginTemperature": (_plain(N.c_nvmlMarginTemperature_v1_t), N.nvmlMarginTemperature_v1, (),
+                                       "marginTemperature"),
+    "nvmlDeviceGetPerformanceState": (ctypes.c_uint, None, (), None),
+    "nvmlDeviceGetPowerUsage": (ctypes.c_uint, None, (), None),
+    "nvmlDeviceGetUtilizationRates": (_plain(N.c_nvmlUtilization_t), None, (), ""),
+    "nvmlDeviceGetMemoryInfo_v2": (_plain(N.c_nvmlMemory_v2_t), N.nvmlMemory_v2, (), ""),
+    "nvmlDeviceGetClockInfo": (ctypes.c_uint, None, (), None),
+    "nvmlDeviceGetCurrentClocksEventReasons": (ctypes.c_ulonglong, None, (), None),
+}
+
+
+def _direct(function: str, handle: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
+    """``function(handle, *args)`` as a call of no arguments with its output made once; None when
+    it is not one of _DIRECT or this library has no such symbol (the caller falls back to pynvml's
+    wrapper, which then says FUNCTION_NOT_FOUND)."""
+    spec = _DIRECT.get(function)
+    if spec is None:
+        return None
+    kind, version, into, result = spec
+    try:
+        cfn = N._nvmlGetFunctionPointer(function)
+    except N.NVMLError:
+        return None
+    out = kind()
+    if version is not None:
+        out.version = version
+    for member, value in zip(into, args):
+        setattr(out, member, value)
+    passed = () if into else tuple(ctypes.c_uint(a) for a in args)
+    cargs = (handle, *passed, ctypes.byref(out))
+    error = N.NVMLError
+
+    if result is None:
+        def call() -> Any:
+            ret = cfn(*cargs)
+            if ret:
+                raise error(ret)
+            return out.value
+    elif result == "":
+        def call() -> Any:
+            ret = cfn(*cargs)
+            if ret:
+                raise error(ret)
+            return out
+    else:
+        def call() -> Any:
+            ret = cfn(*cargs)
+            if ret:
+                raise error(ret)
+            return getattr(out, result)
+    return call
 
 
 class _Batch:
     """One GPU's field-values call for one tier: the ids fixed at discovery, the array built once."""
 
-    __slots__ = ("ids", "owners", "_pristine", "_buffer", "_size", "_count", "_fn")
+    __slots__ = ("ids", "owners", "shares", "_pristine", "_buffer", "_size", "_count", "_fn")
 
     def __init__(self, owners: Mapping[int, str]) -> None:
         """``owners``: field id -> the group that reads it."""
         self.ids = tuple(owners)
         self.owners = dict(owners)
+        # group -> its share of the call's ids: the share of the call's time put down to it
+        self.shares = {group: sum(1 for g in owners.values() if g == group) / len(owners)
+                       for group in set(owners.values())}
         self._count = ctypes.c_int32(len(self.ids))
         self._pristine = (_FieldValue * len(self.ids))()
         for entry, fid in zip(self._pristine, self.ids):
@@ -138,13 +213,6 @@ class _Batch:
         ctypes.memmove(self._buffer, self._pristine, self._size)
         N._nvmlCheckReturn(self._fn(handle, self._count, self._buffer))
         return self._buffer
-
-
-def _field_value(entry: Any) -> float | int | None:
-    kind = entry.valueType
-    if kind >= len(_VALUE_MEMBERS):
-        return None
-    return getattr(entry.value, _VALUE_MEMBERS[kind])
 
 
 # -- versioned calls pynvml does not wrap the way gpuwatch needs -------------------------------------
@@ -196,14 +264,18 @@ class _Probe:
         self.group = ""
 
     def call(self, function: str, *args: Any) -> Any:
-        return (_resolve(function), (self.handle, *args))
+        """A call of no arguments (None: this binding has no such function)."""
+        direct = _direct(function, self.handle, args)
+        if direct is not None:
+            return direct
+        fn = _resolve(function)
+        return None if fn is None else functools.partial(fn, self.handle, *args)
 
     def probe(self, call: Any) -> Any:
-        fn, args = call
-        if fn is None:
+        if call is None:
             raise Unsupported
         try:
-            return fn(*args)
+            return call()
         except N.NVMLError as exc:
             if exc.value in _UNSUPPORTED:
                 raise Unsupported from None
@@ -251,9 +323,8 @@ class _Query:
         self.field_errors: dict[str, int] = {}  # group -> failed entries of this poll's batch
 
     def __call__(self, call: Any) -> Any:
-        fn, args = call
         try:
-            return fn(*args)
+            return call()
         except N.NVMLError as exc:
             failure = self._backend._fail(exc, self._uuid)
             if failure is not None:
@@ -277,12 +348,14 @@ class _Query:
                 self.field_errors[group] = self.field_errors.get(group, 0) + 1
             return
         values = self._values
+        members, known = _VALUE_MEMBERS, len(_VALUE_MEMBERS)
         for entry in entries:
             code = entry.nvmlReturn
-            value = _field_value(entry) if code == N.NVML_SUCCESS else None
-            if value is not None:
-                values[entry.fieldId] = value
-                continue
+            if code == 0:  # NVML_SUCCESS
+                kind = entry.valueType
+                if kind < known:
+                    values[entry.fieldId] = getattr(entry.value, members[kind])
+                    continue
             if code == _LOST:
                 raise DeviceLost(self._uuid, "NVML: GPU is lost")
             self.errors.append(ERROR_NAMES.get(code, "unknown") if code != N.NVML_SUCCESS else "bad_value_type")
@@ -507,25 +580,22 @@ class NvmlBackend:
         gpu = self._device(uuid)
         q = _Query(self, uuid)
         clock = time.perf_counter
-        batch_seconds, batch_fields = 0.0, 0
+        batch_seconds, shares = 0.0, _NO_SHARES
         batch = gpu.batches.get(tier)
         if batch is not None:
             started = clock()
             q.load(batch, gpu.handle)
-            batch_seconds, batch_fields = clock() - started, len(batch.ids)
-            owners = list(batch.owners.values())
-        readers = gpu.fast if tier == "fast" else gpu.slow
+            batch_seconds, shares = clock() - started, batch.shares
+        fast = tier == "fast"
         readings: dict[str, Any] = {}
         collected = []
-        errors = q.errors
-        for name, attr, reader in readers:
+        errors, field_errors = q.errors, q.field_errors
+        for name, attr, reader in gpu.fast if fast else gpu.slow:
             before = len(errors)
             started = clock()
-            readings[attr] = reader.read_fast(q) if tier == "fast" else reader.read_slow(q)
-            seconds = clock() - started
-            if batch_fields:
-                seconds += batch_seconds * owners.count(name) / batch_fields
-            collected.append((name, seconds, len(errors) == before and not q.field_errors.get(name)))
+            readings[attr] = reader.read_fast(q) if fast else reader.read_slow(q)
+            seconds = clock() - started + batch_seconds * shares.get(name, 0.0)
+            collected.append((name, seconds, len(errors) == before and not field_errors.get(name)))
         return readings, errors, tuple(collected)
 
     def read_fast(self, uuid: str) -> FastSample:

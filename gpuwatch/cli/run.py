@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -54,6 +57,14 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     reload_requested = threading.Event()
     notifier = Notifier()
 
+    # The main loop sleeps in select() on the read end of a socket pair that Python's C-level signal
+    # handler writes to (signal.set_wakeup_fd): a signal wakes it at once, and otherwise it wakes
+    # for its duties only (a wake-up costs CPU). The handlers only set flags: nobody waits on them.
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    previous_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("stopping", signal=signal.Signals(signum).name)
         stop.set()
@@ -99,7 +110,14 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     last_status = last_ping = float("-inf")
     withheld: str | None = None
     try:
-        while not stop.wait(0.25):
+        idle = min(1.0, notifier.watchdog_seconds / 4) if notifier.watchdog_seconds else 1.0
+        while not stop.is_set():
+            select.select([wake_r], [], [], idle if ready else 0.25)
+            with contextlib.suppress(OSError):
+                while wake_r.recv(64):
+                    pass
+            if stop.is_set():
+                break
             now = agent.clock.monotonic()
             if not ready and (agent.store.snapshot().tiers["fast"].last_completed_monotonic is not None
                               or now - started > 60):
@@ -121,6 +139,9 @@ def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
                 notifier.send(STATUS=agent.status_line())
                 last_status = now
     finally:
+        signal.set_wakeup_fd(previous_fd)
+        wake_r.close()
+        wake_w.close()
         notifier.send(STOPPING=1)
         if viewer is not None:
             viewer.stop()

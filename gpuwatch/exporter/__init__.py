@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import gzip
+import struct
 import threading
+import zlib
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -15,7 +16,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpuwatch import __version__, groups, logs
 from gpuwatch.clock import Clock
-from gpuwatch.exporter.collector import Renderer, build_labels, encode, freshness_key
+from gpuwatch.exporter.collector import Renderer, build_labels, freshness_key
 from gpuwatch.model import NodeSnapshot
 
 OPENMETRICS_EOF = "# EOF\n"
@@ -64,6 +65,36 @@ class _One:
         return [self._family]
 
 
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # RFC 1952: deflate, no name, no mtime, OS unknown
+
+
+class _Part:
+    """The families of one rendered state in one format, and their deflate stream, made once.
+
+    The process_* metrics after them change every second; a scrape in another second of the same
+    snapshot (a second Prometheus, an HA pair) compresses only those: the families' stream ends at a
+    full flush (byte-aligned, no reference into what follows), the tail is a raw deflate stream of
+    its own, and the two make one valid gzip member (one CRC-32 over both, chained)."""
+
+    __slots__ = ("raw", "_deflated", "_crc")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self._deflated: bytes | None = None
+        self._crc = 0
+
+    def gzip(self, tail: bytes) -> bytes:
+        if self._deflated is None:
+            head = zlib.compressobj(1, zlib.DEFLATED, -zlib.MAX_WBITS)
+            self._deflated = head.compress(self.raw) + head.flush(zlib.Z_FULL_FLUSH)
+            self._crc = zlib.crc32(self.raw)
+        end = zlib.compressobj(1, zlib.DEFLATED, -zlib.MAX_WBITS)
+        rest = end.compress(tail) + end.flush(zlib.Z_FINISH)
+        size = (len(self.raw) + len(tail)) & 0xFFFFFFFF
+        return b"".join((_GZIP_HEADER, self._deflated, rest,
+                         struct.pack("<II", zlib.crc32(tail, self._crc), size)))
+
+
 class Exposition:
     """/metrics from the store's snapshot: one render per snapshot, whatever the number of scrapers.
 
@@ -82,8 +113,10 @@ class Exposition:
         self._renderer = Renderer(staleness, build_labels(), enabled, per_pid_max)
         self._process = _ProcessMetrics() if process_metrics else None
         self._lock = threading.Lock()
-        self._lines: tuple[Any, dict[str, list[str]]] | None = None
+        self._rendered: Any = None  # the state the renderer's body is of
         self._bodies: dict[tuple[bool, bool], tuple[Any, bytes, bool]] = {}
+        self._parts: dict[bool, _Part] = {}  # per format, the families of the rendered state
+        self._tails: dict[bool, tuple[int, bytes]] = {}  # per format, (second, the process_* lines)
 
     @staticmethod
     def content_type(accept: str) -> str:
@@ -104,15 +137,20 @@ class Exposition:
             kept = self._bodies.get((openmetrics, compress))
             if kept is not None and kept[0] == key:
                 return kept[1], kept[2]
-            if self._lines is None or self._lines[0] != state:
-                self._lines = (state, self._renderer.render(snap, now, dropped))
-            text = encode(self._lines[1], openmetrics)
-            if self._process is not None:
-                text += self._process.lines(openmetrics)
-            body = (text + OPENMETRICS_EOF if openmetrics else text).encode()
-            compressed = compress and len(body) >= GZIP_MIN_BYTES
-            if compressed:
-                body = gzip.compress(body, compresslevel=1)
+            if self._rendered != state:
+                self._renderer.render(snap, now, dropped)
+                self._rendered = state
+                self._parts.clear()
+            part = self._parts.get(openmetrics)
+            if part is None:
+                part = self._parts[openmetrics] = _Part(self._renderer.encode(openmetrics).encode())
+            tail = self._tails.get(openmetrics)
+            if tail is None or tail[0] != key[1]:  # the process_* metrics: read once a second per format
+                lines = self._process.lines(openmetrics) if self._process is not None else ""
+                tail = self._tails[openmetrics] = (key[1], (lines + OPENMETRICS_EOF if openmetrics else lines).encode())
+            tail_bytes = tail[1]
+            compressed = compress and len(part.raw) + len(tail_bytes) >= GZIP_MIN_BYTES
+            body = part.gzip(tail_bytes) if compressed else part.raw + tail_bytes
             self._bodies[(openmetrics, compress)] = (key, body, compressed)
             return body, compressed
 

@@ -67,11 +67,17 @@ _VALUES: dict[float, str] = {}  # value -> its text: readings repeat (0, 1, a me
 
 
 def _value(value: float) -> str:
+    """floatToGoString(value): Go's spelling (exponents from 1e6 on, +Inf, NaN), which is repr()
+    below 1e6. Whole numbers (0, 1, sizes, clocks, temperatures) repeat and are kept; fractions
+    (durations, timestamps, ratios) rarely do and are spelled each time."""
     text = _VALUES.get(value)
-    if text is None:
+    if text is not None:
+        return text
+    if value != value or not -1e6 < value < 1e6:  # NaN, infinities, Go's exponent form
         text = floatToGoString(value)
-        if value == 0.0:
-            return text  # -0.0 == 0.0 would share one entry
+    else:
+        text = repr(value)
+    if value.is_integer() and value != 0.0:  # -0.0 == 0.0 would share one entry
         if len(_VALUES) >= 4096:
             _VALUES.clear()
         _VALUES[value] = text
@@ -156,8 +162,24 @@ def _default_select(group: Group) -> Callable[[GpuState, Any, Any], tuple[Any, A
     return select
 
 
+class _Entry:
+    """One (GPU, group)'s lines: the readings they came from, per family its text and its place in
+    the body (``Renderer._slots``)."""
+
+    __slots__ = ("ident", "a", "b", "families", "texts", "layout", "places")
+
+    def __init__(self, ident: Any, a: Any, b: Any, chunks: dict[str, str], layout: _Layout) -> None:
+        self.ident, self.a, self.b, self.layout = ident, a, b, layout
+        self.families = tuple(chunks)
+        self.texts = list(chunks.values())
+        self.places: list[int] = []
+
+
 class Renderer:
-    """Renders snapshots; keeps each (GPU, group)'s encoded lines with the readings they came from."""
+    """Renders snapshots into one body kept as a list of pieces in output order (``_slots``): per
+    family its header, then each (GPU, group)'s lines of it. A group whose readings did not change
+    costs a comparison; one whose values changed writes its new texts into its places; only when
+    the set of series changes (a GPU, a group's families) is the order of the pieces built again."""
 
     def __init__(self, staleness: Callable[[str], float], build: LabelValues,
                  enabled: Collection[str] = groups.DEFAULT_ENABLED, per_pid_max: int = 0) -> None:
@@ -165,50 +187,105 @@ class Renderer:
         self._build = build
         self._enabled = frozenset(enabled)
         self._features = groups.features_of(self._enabled)
-        self._groups = [(g.name, g.render, g.select or _default_select(g))
+        self._groups = [(g.name, g.render, g.select, g.fast, g.slow)
                         for g in groups.GROUPS if g.name in self._enabled and g.render is not None]
         self._per_pid_max = per_pid_max if "processes" in self._enabled else 0
-        # (uuid, group) -> (identity, reading a, reading b, lines per family, layout); "" is the GPU's own
-        self._cache: dict[tuple[str, str], tuple[Any, Any, Any, dict[str, str], _Layout]] = {}
-        self._node_layout: _Layout | None = None
+        # uuid -> its entries: [0] the GPU's own families (identity, up, features), then one per group
+        self._entries: dict[str, list[_Entry | None]] = {}
+        self._node_entry: _Entry | None = None
+        self._uuids: tuple[str, ...] = ()
+        self._slots: list[str] = []
+        self._headers: list[tuple[int, _Family]] = []  # (place, family) of each header in _slots
 
-    def render(self, snap: NodeSnapshot, now: float, log_dropped: int = 0) -> dict[str, list[str]]:
-        """Family -> its sample lines (without the header), for ``encode``."""
+    def render(self, snap: NodeSnapshot, now: float, log_dropped: int = 0) -> None:
+        """Bring the body up to ``snap`` (``encode`` spells it out)."""
         fast_bound, slow_bound = self._staleness("fast"), self._staleness("slow")
-        lines: dict[str, list[str]] = {}
-        cache = self._cache
-        seen = set()
+        slots = self._slots
+        uuids = tuple(state.identity.uuid for state in snap.gpus)
+        rebuild = uuids != self._uuids
+        width = len(self._groups) + 1
         for state in snap.gpus:
             ident = state.identity
-            uuid = ident.uuid
-            seen.add(uuid)
-            prefix = (str(ident.index), uuid)
-            key = (uuid, "")
-            kept = cache.get(key)
-            if kept is None or kept[0] is not ident or kept[1] is not state.features or kept[2] is not state.up:
-                chunks, layout = _collect(self._gpu_core, prefix, None if kept is None else kept[4], state)
-                kept = cache[key] = (ident, state.features, state.up, chunks, layout)
-            for family, text in kept[3].items():
-                lines.setdefault(family, []).append(text)
+            entries = self._entries.get(ident.uuid)
+            if entries is None:
+                entries = self._entries[ident.uuid] = [None] * width
+                rebuild = True
+            prefix = (str(ident.index), ident.uuid)
+            kept = entries[0]
+            if kept is None or kept.ident is not ident or kept.a is not state.features or kept.b is not state.up:
+                rebuild |= self._update(entries, 0, self._gpu_core, prefix, ident, state.features, state.up,
+                                        (state,), rebuild)
             fast = state.fresh_fast(now, fast_bound)
             slow = state.fresh_slow(now, slow_bound)
-            for name, render, select in self._groups:
-                a, b = select(state, fast, slow)
-                key = (uuid, name)
-                kept = cache.get(key)
-                if (kept is None or kept[0] is not ident or (kept[1] is not a and kept[1] != a)
-                        or (kept[2] is not b and kept[2] != b)):  # the same readings: the same lines
-                    chunks, layout = _collect(render, prefix, None if kept is None else kept[4], a, b)
-                    kept = cache[key] = (ident, a, b, chunks, layout)
-                for family, text in kept[3].items():
-                    lines.setdefault(family, []).append(text)
-        if len(cache) > (len(self._groups) + 1) * len(seen):  # GPUs that are gone for good
-            for key in [k for k in cache if k[0] not in seen]:
-                del cache[key]
-        chunks, self._node_layout = _collect(self._node, (), self._node_layout, snap, now, slow_bound, log_dropped)
-        for family, text in chunks.items():
-            lines.setdefault(family, []).append(text)
-        return lines
+            for i, (_, render, select, fast_attr, slow_attr) in enumerate(self._groups, 1):
+                if select is None:
+                    a = getattr(fast, fast_attr) if fast_attr and fast is not None else None
+                    b = getattr(slow, slow_attr) if slow_attr and slow is not None else None
+                else:
+                    a, b = select(state, fast, slow)
+                kept = entries[i]
+                if (kept is None or kept.ident is not ident or (kept.a is not a and kept.a != a)
+                        or (kept.b is not b and kept.b != b)):  # the same readings: the same lines
+                    rebuild |= self._update(entries, i, render, prefix, ident, a, b, (a, b), rebuild)
+        node = self._node_entry
+        chunks, layout = _collect(self._node, (), None if node is None else node.layout, snap, now, slow_bound,
+                                  log_dropped)
+        if node is not None and not rebuild and node.families == tuple(chunks):
+            for place, text in zip(node.places, chunks.values()):
+                slots[place] = text
+            node.layout = layout
+        else:
+            self._node_entry = _Entry(None, None, None, chunks, layout)
+            rebuild = True
+        if rebuild:
+            self._order(snap)
+
+    def _update(self, entries: list[_Entry | None], i: int, render: Callable[..., None], prefix: LabelValues,
+                ident: Any, a: Any, b: Any, readings: tuple[Any, ...], rebuild: bool) -> bool:
+        """Render one (GPU, group) again; True when its families changed (the order must be rebuilt)."""
+        kept = entries[i]
+        chunks, layout = _collect(render, prefix, None if kept is None else kept.layout, *readings)
+        if kept is not None and not rebuild and kept.families == tuple(chunks):
+            slots = self._slots
+            for place, text in zip(kept.places, chunks.values()):
+                slots[place] = text
+            kept.ident, kept.a, kept.b, kept.layout = ident, a, b, layout
+            kept.texts = list(chunks.values())
+            return False
+        entries[i] = _Entry(ident, a, b, chunks, layout)
+        return True
+
+    def _order(self, snap: NodeSnapshot) -> None:
+        """Lay the pieces out again: families sorted by name, in each the GPUs in snapshot order
+        (each GPU's lines sorted by label values), then the node's."""
+        current = {state.identity.uuid for state in snap.gpus}
+        for uuid in [u for u in self._entries if u not in current]:  # GPUs that are gone for good
+            del self._entries[uuid]
+        by_family: dict[str, list[tuple[_Entry, int]]] = {}
+        pieces: list[_Entry] = [e for state in snap.gpus for e in self._entries[state.identity.uuid] if e is not None]
+        if self._node_entry is not None:
+            pieces.append(self._node_entry)
+        for entry in pieces:
+            entry.places = [0] * len(entry.families)
+            for k, family in enumerate(entry.families):
+                by_family.setdefault(family, []).append((entry, k))
+        slots: list[str] = []
+        headers = []
+        for name in sorted(by_family):
+            headers.append((len(slots), _FAMILIES[name]))
+            slots.append("")
+            for entry, k in by_family[name]:
+                entry.places[k] = len(slots)
+                slots.append(entry.texts[k])
+        self._slots, self._headers = slots, headers
+        self._uuids = tuple(state.identity.uuid for state in snap.gpus)
+
+    def encode(self, openmetrics: bool = False) -> str:
+        """The text exposition (0.0.4, or OpenMetrics without the final ``# EOF``) of the last render."""
+        slots = self._slots
+        for place, family in self._headers:
+            slots[place] = family.openmetrics_header if openmetrics else family.text_header
+        return "".join(slots)
 
     def _gpu_core(self, emit: Callable[..., None], state: GpuState) -> None:
         _gpu_core(emit, state, self._features)
@@ -270,16 +347,6 @@ class Renderer:
             parts = [t.groups[group.name] for t in (fast, slow) if t is not None and group.name in t.groups]
             if parts:
                 yield group.name, sum(p[0] for p in parts), all(p[1] for p in parts)
-
-
-def encode(lines: dict[str, list[str]], openmetrics: bool = False) -> str:
-    """The text exposition (0.0.4, or OpenMetrics without the final ``# EOF``) of ``Renderer.render``."""
-    out = []
-    for name in sorted(lines):
-        family = _FAMILIES[name]
-        out.append(family.openmetrics_header if openmetrics else family.text_header)
-        out.extend(lines[name])
-    return "".join(out)
 
 
 def freshness_key(snap: NodeSnapshot, now: float, staleness: Callable[[str], float]) -> tuple[Any, ...]:
