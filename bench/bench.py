@@ -21,6 +21,10 @@ same way:
   at 2 s: the figure is on the high side);
 - /metrics latency alone (sequential requests) and with 20 concurrent scrapers, and its size.
 
+Readings: "steady" as the fake node has them (they stay put between polls, as an idle GPU's mostly
+do), then "changing" at every poll (Changer: power, temperatures, utilization, clocks, memory in use,
+energy), each CPU window measured both ways.
+
 Cadences: polls every 0.5 s with a scrape a second, and every 2 s with a scrape every 15 s
 (Prometheus' default). Results: a table per GPU count, bench/out/results.json; docs/performance.md
 says what the figures mean. Every child process dies with the benchmark (PR_SET_PDEATHSIG).
@@ -124,6 +128,7 @@ class Exporter:
 
     def __init__(self, name: str, argv: list[str], port: int, fx: fakenvml.FakeNvmlEnv, workdir: Path) -> None:
         self.name, self.port, self.fx = name, port, fx
+        self.node: fakenvml.FakeNode | None = None
         env = {k: v for k, v in fx.env.items() if not k.startswith("GPUWATCH_")}
         env.update(FAKE_NVML_CPU="1", PYTHONUNBUFFERED="1")
         env.pop("PYTHONPATH", None)
@@ -169,9 +174,50 @@ class Exporter:
         self.log.close()
 
 
+class Changer:
+    """Rewrites the fake node's state every ``period`` seconds with readings that move the way a busy
+    GPU's do: power, temperatures, utilization, graphics/SM clocks and memory in use change at every
+    poll, energy accumulates. Without it the fake node's readings stay where they are between polls
+    (the "steady" figures), which lets gpuwatch's exposition reuse every GPU's encoded lines; the
+    "changing" figures are the other end. Runs in the benchmark's process: its CPU is not counted."""
+
+    def __init__(self, fx: fakenvml.FakeNvmlEnv, node: fakenvml.FakeNode, period: float) -> None:
+        import random
+
+        self.fx, self.node, self.period = fx, node, period
+        self.rng = random.Random(1)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        rng = self.rng
+        while not self.stop.wait(self.period):
+            for gpu in self.node.gpus:
+                watts = rng.uniform(300.0, 690.0)
+                gpu.power_mw = int(watts * 1000)
+                gpu.energy_mj = (gpu.energy_mj or 0) + int(watts * 1000 * self.period)
+                gpu.temperature = rng.randint(55, 75)
+                if gpu.memory_temperature is not None:
+                    gpu.memory_temperature = rng.randint(50, 70)
+                if gpu.margin_temperature is not None:
+                    gpu.margin_temperature = 87 - gpu.temperature
+                gpu.utilization = (rng.randint(60, 100), rng.randint(20, 80))
+                mhz = rng.randrange(1500, 1981, 15)
+                gpu.clocks = [mhz, mhz, *gpu.clocks[2:]]
+                gpu.memory_used = rng.randrange(60, 130) * 2**30
+                gpu.pstate = 0
+            self.fx.write(self.node)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def start(name: str, python: dict[str, Path], gpus: int, poll: float, workdir: Path) -> Exporter:
     workdir.mkdir(parents=True, exist_ok=True)
-    fx = fakenvml.prepare(workdir, fakenvml.FakeNode.h200(gpus))
+    node = fakenvml.FakeNode.h200(gpus)
+    fx = fakenvml.prepare(workdir, node)
     port = free_port()
     if name == "gpuwatch":
         argv = [str(python[name]), "-m", "gpuwatch", "run", "--web.listen-address", f"127.0.0.1:{port}",
@@ -179,7 +225,9 @@ def start(name: str, python: dict[str, Path], gpus: int, poll: float, workdir: P
     else:
         argv = [str(python[name].parent / "nvitop-exporter"), "--bind-address", "127.0.0.1", "--port", str(port),
                 "--interval", str(poll)]
-    return Exporter(name, argv, port, fx, workdir)
+    exp = Exporter(name, argv, port, fx, workdir)
+    exp.node = node
+    return exp
 
 
 # -- measurements -------------------------------------------------------------------------------------
@@ -262,6 +310,13 @@ def measure(name: str, python: dict[str, Path], gpus: int, quick: bool, workdir:
             window = (30 if quick else 120) if poll < 1 else (45 if quick else 120)
             key = f"poll_{poll:g}s_scrape_{scrape:g}s"
             result[key] = cpu_window(exp, gpus, window, scrape)
+            assert exp.node is not None
+            changer = Changer(exp.fx, exp.node, poll)
+            try:
+                result[key + "_changing"] = cpu_window(exp, gpus, window, scrape)
+            finally:
+                changer.close()
+                exp.fx.write(exp.node)
             if poll < 1:  # the busy cadence: memory after >= 300 polls, then the latency tests
                 wanted = 300
                 wait_for(lambda exp=exp, wanted=wanted: exp.counters()[0] / gpus >= wanted, 600, f"{wanted} polls")
@@ -287,6 +342,14 @@ def report(gpus: int, r: dict) -> list[str]:
         ratio = a / b if a is not None and b else None
         target = "" if ratio is None else f"<= 1/3  {verdict(ratio <= TARGETS['cpu_ratio'])}"
         lines.append(f"{f'CPU us per GPU per poll, poll {poll:g} s, scrape every {scrape:g} s':58} "
+                     f"{_f(a):>12} {_f(b):>12} {_f(ratio, 2):>7}  {target}")
+    for poll, scrape in CADENCES:
+        key = f"poll_{poll:g}s_scrape_{scrape:g}s_changing"
+        a = g.get(key, {}).get("cpu_us_per_gpu_poll")
+        b = n.get(key, {}).get("cpu_us_per_gpu_poll")
+        ratio = a / b if a is not None and b else None
+        target = "" if ratio is None else f"<= 1/3  {verdict(ratio <= TARGETS['cpu_ratio'])}"
+        lines.append(f"{f'  the same at poll {poll:g} s, readings changing at every poll':58} "
                      f"{_f(a):>12} {_f(b):>12} {_f(ratio, 2):>7}  {target}")
     rss_a, rss_b = g.get("rss_mb_after_300_polls"), n.get("rss_mb_after_300_polls")
     rss_t = TARGETS["rss_mb"].get(gpus)

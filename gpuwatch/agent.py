@@ -73,7 +73,8 @@ class Agent:
         self.store = Store(self.clock, self.backend.name)
         rules = all_rules()
         self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
-                             config.rules_window, config.rules_expected_gpus)
+                             config.rules_window, config.rules_expected_gpus,
+                             min_history_seconds=config.poll_slow_interval + config.staleness("fast"))
         attribute = None
         if "processes" in config.collectors:
             attribute = Attributor(config.attribution_proc_root, config.attribution_mapping_dir).attribute

@@ -175,6 +175,31 @@ def test_a_rule_that_looks_back_further_than_the_window_is_a_config_error():
     assert check_lookback(rules, build_configs(rules, None), 600) == 600
 
 
+def test_the_history_keeps_what_the_enabled_rules_look_back_at_not_the_whole_window():
+    """Default rules look back 60 s at most: with a 90 s floor (min_history_seconds) and a 6 s fast
+    staleness, 96 s of samples are kept of the 300 s window; a longer look-back configured by
+    reload extends it, never past the window."""
+    rules = all_rules()
+    engine = Engine(rules, build_configs(rules, None), 6.0, window_seconds=300, min_history_seconds=90.0)
+    assert engine.history_seconds == 96.0
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    gpu = DiscoveredGpu(identity(0), H200_FEATURES)
+    store.set_gpus([gpu])
+    store.set_backend(True)
+    for _ in range(200):  # 400 s of polls every 2 s
+        clock.advance(2.0)
+        store.put_fast(gpu.identity.uuid, fast_sample())
+        engine.evaluate(store.snapshot())
+    history = engine._history[gpu.identity.uuid]
+    kept = history.times[history.start:]
+    assert clock.monotonic() - kept[0] <= 96.0 and len(history.items) <= 96 / 2 + 1 + 16  # a trim chunk
+    engine.reconfigure(build_configs(rules, {"power_capped": {"window_seconds": 200}}))
+    assert engine.history_seconds == 206.0
+    engine.reconfigure(build_configs(rules, {"power_capped": {"window_seconds": 300}}))
+    assert engine.history_seconds == 300.0  # capped by the window
+
+
 def test_reconfigure_refuses_a_longer_look_back_and_keeps_the_settings_in_effect():
     node = Node()
     node.engine = Engine(all_rules(), build_configs(all_rules(), None), 6.0, window_seconds=60)
@@ -247,3 +272,18 @@ def test_a_rule_that_raises_fails_alone_and_the_watchdog_stays_fed(capsys):
     assert agent.alive() is None
     text = agent.exposition.render()[0].decode()
     assert 'gpuwatch_rule_evaluation_errors_total{rule="overheating"} 10.0' in text
+
+
+def test_history_copies_drop_what_no_rule_looks_back_at_and_share_equal_readings():
+    from gpuwatch.rules.engine import _for_history
+
+    first = fast_sample(temperature_celsius=60.0, power_watts=300.0)
+    again = fast_sample(temperature_celsius=60.0, power_watts=310.0)
+    kept1 = _for_history(first, None)
+    kept2 = _for_history(again, kept1)
+    assert kept1.memory.memory_used_bytes is None and kept1.errors == () and kept1.collected == ()
+    assert not kept1.clocks.clock_hertz and kept1.clocks.clocks_event_active == first.clocks.clocks_event_active
+    assert kept1.power.power_watts == 300.0 and kept1.power.energy_joules is None
+    assert kept2.thermal is kept1.thermal and kept2.utilization is kept1.utilization  # equal: shared
+    assert kept2.power is not kept1.power and kept2.power.power_watts == 310.0
+    assert kept1.thermal == first.thermal and kept2.fans == again.fans

@@ -98,10 +98,12 @@ class _Part:
 class Exposition:
     """/metrics from the store's snapshot: one render per snapshot, whatever the number of scrapers.
 
-    The body of each format (text or OpenMetrics, gzip or not) is kept until the snapshot, the
-    freshness of its readings, the count of dropped log lines or the second of the process_*
-    metrics (gpuwatch's own CPU and memory, from prometheus_client's ProcessCollector) changes;
-    concurrent scrapers of the same moment wait for one render and share its bytes.
+    The families of each format (text or OpenMetrics) are encoded once per rendered state, and the
+    gzip body of each kept until the snapshot, the freshness of its readings, the count of dropped
+    log lines or the second of the process_* metrics (gpuwatch's own CPU and memory, from
+    prometheus_client's ProcessCollector) changes; concurrent scrapers of the same moment wait for
+    one render and share its bytes. An uncompressed body is the families' bytes and the process_*
+    lines joined for each request (not kept twice).
     """
 
     def __init__(self, snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],
@@ -150,7 +152,9 @@ class Exposition:
                 tail = self._tails[openmetrics] = (key[1], (lines + OPENMETRICS_EOF if openmetrics else lines).encode())
             tail_bytes = tail[1]
             compressed = compress and len(part.raw) + len(tail_bytes) >= GZIP_MIN_BYTES
-            body = part.gzip(tail_bytes) if compressed else part.raw + tail_bytes
+            if not compressed:  # not kept: it would be a second copy of part.raw (0.5 MB at 64 GPUs)
+                return part.raw + tail_bytes, False
+            body = part.gzip(tail_bytes)
             self._bodies[(openmetrics, compress)] = (key, body, compressed)
             return body, compressed
 

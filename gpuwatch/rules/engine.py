@@ -50,20 +50,37 @@ _EMPTY: Mapping[str, float] = MappingProxyType({})
 _NO_MEMORY = Memory()
 
 
-def _for_history(sample: FastSample) -> FastSample:
-    """The sample as the history keeps it: without the readings no rule looks back at.
+_DROPPED: Mapping[str, Any] = {"memory": _NO_MEMORY, "errors": (), "collected": ()}
+_FAST_FIELDS = tuple(f.name for f in dataclasses.fields(FastSample))
+
+
+def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
+    """The sample as the history keeps it: without the readings no rule looks back at, and sharing
+    each reading that equals the previous sample's (an idle GPU's utilization, throttle counters and
+    often temperatures stay put from poll to poll).
 
     Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``,
     always complete); dropping them from the copies kept for the look-back saves about a third of
     the history's memory (docs/performance.md). A rule that needs one of them from the past must
     add it back here.
     """
-    clocks, power = sample.clocks, sample.power
-    if clocks.clock_hertz:
-        clocks = _Clocks(_EMPTY, clocks.clocks_event_active, clocks.clocks_event_seconds)
-    if power.energy_joules is not None or power.performance_state is not None:
-        power = _Power(power.power_watts)
-    return dataclasses.replace(sample, memory=_NO_MEMORY, errors=(), collected=(), clocks=clocks, power=power)
+    values = []
+    for name in _FAST_FIELDS:
+        dropped = _DROPPED.get(name)
+        if dropped is not None:
+            values.append(dropped)
+            continue
+        value = getattr(sample, name)
+        if name == "clocks" and value.clock_hertz:
+            value = _Clocks(_EMPTY, value.clocks_event_active, value.clocks_event_seconds)
+        elif name == "power" and (value.energy_joules is not None or value.performance_state is not None):
+            value = _Power(value.power_watts)
+        if previous is not None:
+            before = getattr(previous, name)
+            if before is not value and before == value:
+                value = before
+        values.append(value)
+    return FastSample(*values)
 
 
 def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[str, RuleConfig]:
@@ -150,20 +167,33 @@ def check_lookback(rules: Sequence[Rule], configs: Mapping[str, RuleConfig], win
     return slow
 
 
+def fast_lookback(rules: Sequence[Rule], configs: Mapping[str, RuleConfig]) -> float:
+    """The longest fast-sample look-back of the enabled rules (0 when none looks back)."""
+    return max((configs[rule.id][param] for rule in rules if configs[rule.id].enabled
+                for param, tier in rule.lookback.items() if tier == "fast"), default=0.0)
+
+
 class Engine:
     """Evaluates the rules on every snapshot it is fed and keeps their history and state.
 
     Raises ConfigError (at construction and in ``reconfigure``) when an enabled rule would look
-    back further than the fast history it keeps (``window_seconds``, the ``rules.window`` setting).
+    back further than the fast history it may keep (``window_seconds``, the ``rules.window``
+    setting). It keeps what the rules look back at: the longest enabled fast look-back, and at
+    least ``min_history_seconds`` (the slow interval and a fast staleness bound: pcie_link_degraded
+    finds the fast sample of the time the last slow sample was read), plus one fast staleness
+    bound; never more than the window. By default 66 s: at 0.5 s polls 123 samples per GPU, not 600.
     """
 
     def __init__(self, rules: Sequence[Rule], configs: Mapping[str, RuleConfig], fast_staleness: float,
-                 window_seconds: float = DEFAULT_WINDOW_SECONDS, expected_gpus: int = 0) -> None:
+                 window_seconds: float = DEFAULT_WINDOW_SECONDS, expected_gpus: int = 0,
+                 min_history_seconds: float = 0.0) -> None:
         self._rules = list(rules)
         self._window_seconds = window_seconds
+        self._min_history = min_history_seconds
         self._configs = dict(configs)
         self._slow_seconds = check_lookback(self._rules, self._configs, window_seconds)
         self._fast_staleness = fast_staleness
+        self._fast_seconds = self._history_seconds(self._configs)
         self._expected_gpus = expected_gpus
         self._most_gpus = 0
         self._tracks: dict[tuple[str, str | None], _Track] = {}
@@ -187,8 +217,17 @@ class Engine:
 
     @property
     def window_seconds(self) -> float:
-        """Seconds of fast-sample history kept for the rules."""
+        """Seconds of fast-sample history the rules may look back (``rules.window``)."""
         return self._window_seconds
+
+    @property
+    def history_seconds(self) -> float:
+        """Seconds of fast-sample history kept: what the enabled rules look back at."""
+        return self._fast_seconds
+
+    def _history_seconds(self, configs: Mapping[str, RuleConfig]) -> float:
+        wanted = max(fast_lookback(self._rules, configs), self._min_history) + self._fast_staleness
+        return min(self._window_seconds, wanted)
 
     def reconfigure(self, configs: Mapping[str, RuleConfig]) -> None:
         """New thresholds/holds take effect at the next poll; episodes in progress carry on.
@@ -199,6 +238,7 @@ class Engine:
         slow_seconds = check_lookback(self._rules, configs, self._window_seconds)
         with self._lock:
             self._configs, self._slow_seconds = configs, slow_seconds
+            self._fast_seconds = self._history_seconds(configs)
             self._kept.clear()
 
     def counters(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -208,7 +248,7 @@ class Engine:
             return ({r: self._onsets.get(r, 0) for r in enabled}, {r: self._errors.get(r, 0) for r in enabled})
 
     def _remember(self, snap: NodeSnapshot) -> None:
-        fast_horizon = snap.taken_monotonic - self._window_seconds
+        fast_horizon = snap.taken_monotonic - self._fast_seconds
         slow_horizon = snap.taken_monotonic - self._slow_seconds
         for state in snap.gpus:
             uuid = state.identity.uuid
@@ -223,7 +263,8 @@ class Engine:
                 if state.fast is not None and state.fast_monotonic is not None:
                     last = history.last_time
                     if last is None or state.fast_monotonic > last:
-                        history.append(state.fast_monotonic, _for_history(state.fast))
+                        previous = history.items[-1][1] if history.items else None
+                        history.append(state.fast_monotonic, _for_history(state.fast, previous))
                 if state.slow is not None and state.slow_monotonic is not None:
                     last = slow.last_time
                     if last is None or state.slow_monotonic > last:

@@ -789,9 +789,11 @@ def prepare(
     counts: bool = True,
 ) -> FakeNvmlEnv:
     """Build the library, write ``node`` (if given) to ``workdir/nvml_state``
-    and return a :class:`FakeNvmlEnv` (counts in ``workdir/nvml_counts``)."""
+    and return a :class:`FakeNvmlEnv` (counts in ``workdir/nvml_counts``, from zero)."""
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if counts:  # a fresh environment counts from zero (the file is shared by the processes using it)
+        (workdir / "nvml_counts").unlink(missing_ok=True)
     fx = FakeNvmlEnv(
         lib_dir=build(old_driver),
         state_path=workdir / "nvml_state",
