@@ -332,7 +332,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add(parser: Any, option: Option) -> None:
-    bare: dict[str, Any] = {"nargs": "?", "const": "true"} if option.switch else {}
+    bare: dict[str, Any] = {"nargs": "?", "const": "true", "metavar": "true|false"} if option.switch else {}
+    if not option.switch and option.field.startswith("collector:"):
+        bare["metavar"] = "VALUE"
     parser.add_argument(
         option.flag,
         dest=option.field,
