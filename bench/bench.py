@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fakenvml  # noqa: E402
+from daemon import wait_for  # noqa: E402  (tests/daemon.py: poll a condition with a deadline)
 
 OUT = ROOT / "bench" / "out"
 PEER = "nvitop-exporter==1.7.2"
@@ -92,17 +93,6 @@ def reap(proc: subprocess.Popen) -> None:
             proc.wait()
     if proc in _children:
         _children.remove(proc)
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def free_port() -> int:
@@ -335,22 +325,16 @@ def verdict(ok: bool) -> str:
 def report(gpus: int, r: dict) -> list[str]:
     g, n = r.get("gpuwatch", {}), r.get("nvitop-exporter", {})
     lines = [f"\nH200 x {gpus}", f"{'figure':58} {'gpuwatch':>12} {'nvitop':>12} {'ratio':>7}  target"]
-    for poll, scrape in CADENCES:
-        key = f"poll_{poll:g}s_scrape_{scrape:g}s"
+    rows = [(f"poll_{poll:g}s_scrape_{scrape:g}s",
+             f"CPU us per GPU per poll, poll {poll:g} s, scrape every {scrape:g} s") for poll, scrape in CADENCES]
+    rows += [(f"poll_{poll:g}s_scrape_{scrape:g}s_changing", f"  the same at poll {poll:g} s, readings changing")
+             for poll, scrape in CADENCES]
+    for key, label in rows:
         a = g.get(key, {}).get("cpu_us_per_gpu_poll")
         b = n.get(key, {}).get("cpu_us_per_gpu_poll")
         ratio = a / b if a is not None and b else None
         target = "" if ratio is None else f"<= 1/3  {verdict(ratio <= TARGETS['cpu_ratio'])}"
-        lines.append(f"{f'CPU us per GPU per poll, poll {poll:g} s, scrape every {scrape:g} s':58} "
-                     f"{_f(a):>12} {_f(b):>12} {_f(ratio, 2):>7}  {target}")
-    for poll, scrape in CADENCES:
-        key = f"poll_{poll:g}s_scrape_{scrape:g}s_changing"
-        a = g.get(key, {}).get("cpu_us_per_gpu_poll")
-        b = n.get(key, {}).get("cpu_us_per_gpu_poll")
-        ratio = a / b if a is not None and b else None
-        target = "" if ratio is None else f"<= 1/3  {verdict(ratio <= TARGETS['cpu_ratio'])}"
-        lines.append(f"{f'  the same at poll {poll:g} s, readings changing at every poll':58} "
-                     f"{_f(a):>12} {_f(b):>12} {_f(ratio, 2):>7}  {target}")
+        lines.append(f"{label:58} {_f(a):>12} {_f(b):>12} {_f(ratio, 2):>7}  {target}")
     rss_a, rss_b = g.get("rss_mb_after_300_polls"), n.get("rss_mb_after_300_polls")
     rss_t = TARGETS["rss_mb"].get(gpus)
     lines.append(f"{'VmRSS MB after 300 polls':58} {_f(rss_a, 1):>12} {_f(rss_b, 1):>12} {'':7}  "
