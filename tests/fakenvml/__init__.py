@@ -58,8 +58,18 @@ field ids             source attribute                       value type
 94                    ``pcie_replay``                        ui
 142-145               ``remapped_rows``                      ui
 193-196               ``tlimit_thresholds`` (T.Limit scale)  si
+91; 165 @ link        ``nvlink_states`` (count; 1 = active)  ui
+38 45 52 59 160       ``nvlink_errors`` totals over links    ull
+161-163 @ link        ``nvlink_errors`` replay, recovery,    ull
+                      crc_flit per link
+138, 139 @ 0xFFFFFFFF ``nvlink_traffic_kib`` (tx, rx)        ull
 anything              ``fields[id] = (type, value)``         as given
 ====================  =====================================  ==========
+
+A scoped entry's key is ``(id, scopeId)`` (state file: ``field <id>:<scope>``).
+GPM: ``gpm`` (metric id -> value) writes ``gpm_supported 1`` and a ``gpm <id>
+<value>`` line per metric; ``fabric`` and ``fabric_cluster_uuid`` the fabric
+lines (fake_nvml.c says what the calls do with them).
 
 ``field_errors[id] = code`` makes one entry fail. Unknown ids give a
 per-entry NOT_SUPPORTED; the old-driver build answers every id > 200 with
@@ -138,6 +148,12 @@ NEW_SYMBOLS = frozenset(
         "nvmlDeviceGetSupportedClocksEventReasons",
         "nvmlDeviceGetComputeRunningProcesses_v3",
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleFree",
+        "nvmlGpmSampleGet",
+        "nvmlGpmMetricsGet",
+        "nvmlDeviceGetGpuFabricInfoV",
     }
 )
 
@@ -146,7 +162,8 @@ VALUE_TYPES = ("d", "ui", "ul", "ull", "sll", "si", "us")
 
 # C limits (keep in sync with fake_nvml.c).
 MAX_GPUS = 64
-MAX_FIELDS = 160
+MAX_FIELDS = 256
+MAX_GPM = 48
 MAX_PROCS = 64
 MAX_XIDS = 4096
 
@@ -399,9 +416,22 @@ class FakeGpu:
     retired_pages_pending: int | None = None
     throttle_ns: dict[int, int] = field(default_factory=dict)  # field id (74-79, 269-271) -> ns
 
-    # field values: extra / overriding entries and per-entry failures
-    fields: dict[int, tuple[str, int | float]] = field(default_factory=dict)  # id -> (type, value)
-    field_errors: dict[int, int] = field(default_factory=dict)  # id -> per-entry nvmlReturn
+    # data-center depth (SXM boards on NVSwitch): GPM, NVLink, fabric
+    gpm: dict[int, float] | None = None  # GPM metric id -> value (% or MiB/s); None: no GPM (pre-Hopper)
+    nvlink_states: list[int] = field(default_factory=list)  # per link: 1 active, 0 inactive; []: no NVLink
+    # crc_flit | crc_data | replay | recovery | ecc_data -> per-link counts; the driver's totals
+    # (fields 38, 45, 52, 59, 160) are their sums, replay/recovery/crc_flit also per link (161-163)
+    nvlink_errors: dict[str, list[int]] = field(default_factory=dict)
+    nvlink_traffic_kib: tuple[int, int] | None = None  # (tx, rx) data KiB over all links (fields 138/139)
+    # link -> (remote device type: 0 GPU, 2 NVSwitch; the remote end's PCI bus id)
+    nvlink_remotes: dict[int, tuple[int, str]] = field(default_factory=dict)
+    fabric: tuple[int, int, int, int] | None = None  # (state 0-3, status, cliqueId, healthMask); None: no fabric
+    fabric_cluster_uuid: str | None = None  # 32 hex digits
+
+    # field values: extra / overriding entries and per-entry failures; a key is an id (scope 0)
+    # or (id, scopeId)
+    fields: dict[int | tuple[int, int], tuple[str, int | float]] = field(default_factory=dict)
+    field_errors: dict[int | tuple[int, int], int] = field(default_factory=dict)  # -> per-entry nvmlReturn
 
     # events
     supported_event_types: int | None = EVENT_PSTATE | EVENT_XID
@@ -448,15 +478,15 @@ class FakeGpu:
         else:
             self.blocks.pop(symbol, None)
 
-    def set_field(self, field_id: int, value: int | float, type: str = "ull") -> None:
-        """Add or override a nvmlDeviceGetFieldValues entry."""
+    def set_field(self, field_id: int | tuple[int, int], value: int | float, type: str = "ull") -> None:
+        """Add or override a nvmlDeviceGetFieldValues entry (``(id, scopeId)`` for a scoped one)."""
         if type not in VALUE_TYPES:
             raise ValueError(f"field type must be one of {VALUE_TYPES}")
-        self.fields[int(field_id)] = (type, value)
+        self.fields[_field_key(field_id)] = (type, value)
 
-    def set_field_error(self, field_id: int, code: int) -> None:
+    def set_field_error(self, field_id: int | tuple[int, int], code: int) -> None:
         """Make one field id fail with a per-entry ``nvmlReturn`` of ``code``."""
-        self.field_errors[int(field_id)] = int(code)
+        self.field_errors[_field_key(field_id)] = int(code)
 
     def add_process(self, pid: int, used_bytes: int | None, kind: str = "compute") -> None:
         if kind not in ("compute", "graphics"):
@@ -465,9 +495,9 @@ class FakeGpu:
 
     # -- derived field values ----------------------------------------------
 
-    def field_values(self) -> dict[int, tuple[str, int | float]]:
-        """The nvmlDeviceGetFieldValues entries this GPU reports (id -> (type, value))."""
-        out: dict[int, tuple[str, int | float]] = {}
+    def field_values(self) -> dict[int | tuple[int, int], tuple[str, int | float]]:
+        """The nvmlDeviceGetFieldValues entries this GPU reports (id or (id, scopeId) -> (type, value))."""
+        out: dict[int | tuple[int, int], tuple[str, int | float]] = {}
         if self.ecc_errors is not None:
             for fid, key in ((3, (0, 0)), (4, (1, 0)), (5, (0, 1)), (6, (1, 1))):
                 if key in self.ecc_errors:
@@ -491,6 +521,18 @@ class FakeGpu:
             for fid, v in zip((193, 194, 195, 196), self.tlimit_thresholds):
                 if v is not None:
                     out[fid] = ("si", v)
+        if self.nvlink_states:
+            out[91] = ("ui", len(self.nvlink_states))  # NVML_FI_DEV_NVLINK_LINK_COUNT
+            for link, state in enumerate(self.nvlink_states):
+                out[_field_key((165, link))] = ("ui", state)  # NVML_FI_DEV_NVLINK_GET_STATE, scope = link
+            for name, counts in self.nvlink_errors.items():
+                out[NVLINK_TOTAL_FIELDS[name]] = ("ull", sum(counts))
+                if name in NVLINK_LINK_FIELDS:
+                    for link, n in enumerate(counts):
+                        out[_field_key((NVLINK_LINK_FIELDS[name], link))] = ("ull", n)
+        if self.nvlink_traffic_kib is not None:
+            out[(138, ALL_LINKS)] = ("ull", self.nvlink_traffic_kib[0])
+            out[(139, ALL_LINKS)] = ("ull", self.nvlink_traffic_kib[1])
         out.update(self.fields)
         return out
 
@@ -568,12 +610,25 @@ class FakeGpu:
         fv = self.field_values()
         if len(fv.keys() | self.field_errors.keys()) > MAX_FIELDS:
             raise ValueError(f"at most {MAX_FIELDS} field ids per GPU")
-        for fid, (typ, val) in sorted(fv.items()):
+        for key, (typ, val) in sorted(fv.items(), key=lambda kv: _scoped(kv[0])):
             if typ not in VALUE_TYPES:
-                raise ValueError(f"field {fid}: type must be one of {VALUE_TYPES}")
+                raise ValueError(f"field {key}: type must be one of {VALUE_TYPES}")
+            fid = _field_text(key)
             L.append(f"field {fid} {typ} {val!r}" if typ == "d" else f"field {fid} {typ} {int(val)}")
-        for fid, code in sorted(self.field_errors.items()):
-            put("field_error", fid, code)
+        for key, code in sorted(self.field_errors.items(), key=lambda kv: _scoped(kv[0])):
+            put("field_error", _field_text(key), code)
+        if self.gpm is not None:
+            if len(self.gpm) > MAX_GPM:
+                raise ValueError(f"at most {MAX_GPM} GPM metrics per GPU")
+            L.append("gpm_supported 1")
+            for metric, value in sorted(self.gpm.items()):
+                L.append(f"gpm {int(metric)} {float(value)!r}")
+        for link, (kind, bus) in sorted(self.nvlink_remotes.items()):
+            L.append(f"nvlink_remote {int(link)} {int(kind)} {bus}")
+        if self.fabric is not None:
+            put("fabric", *self.fabric)
+            if self.fabric_cluster_uuid is not None:
+                L.append(f"fabric_cluster_uuid {self.fabric_cluster_uuid}")
         if self.lost:
             L.append("lost 1")
         for sym in sorted(self.unsupported):
@@ -591,6 +646,27 @@ class FakeGpu:
         for seq, xid in self.xids:
             put("xid", seq, xid)
         return L
+
+
+ALL_LINKS = 0xFFFFFFFF  # scopeId of the NVLink throughput fields: every link
+NVLINK_TOTAL_FIELDS = {"crc_flit": 38, "crc_data": 45, "replay": 52, "recovery": 59, "ecc_data": 160}
+NVLINK_LINK_FIELDS = {"replay": 161, "recovery": 162, "crc_flit": 163}  # NVML_FI_DEV_NVLINK_ERROR_DL_*
+
+
+def _field_key(key: int | tuple[int, int]) -> int | tuple[int, int]:
+    if isinstance(key, tuple):
+        fid, scope = int(key[0]), int(key[1])
+        return fid if scope == 0 else (fid, scope)
+    return int(key)
+
+
+def _scoped(key: int | tuple[int, int]) -> tuple[int, int]:
+    return key if isinstance(key, tuple) else (key, 0)
+
+
+def _field_text(key: int | tuple[int, int]) -> str:
+    fid, scope = _scoped(key)
+    return f"{fid}:{scope}" if scope else str(fid)
 
 
 def _num(v) -> str:
@@ -811,6 +887,9 @@ def prepare(
 # Realistic PCI buses of an 8-GPU HGX board; GPU i uses bus _BUSES[i % 8] in domain i // 8.
 _BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
+# GPM metrics of an idle Hopper GPU: the ratios 0 %, a little PCIe traffic (MiB/s)
+GPM_IDLE = {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0, 5: 0.0, 10: 0.0, 11: 0.0, 12: 0.0, 13: 0.0, 20: 12.5, 21: 8.0}
+
 _ZERO_THROTTLE = {fid: 0 for fid in (74, 75, 76, 77, 78, 79, 269, 270, 271)}
 
 
@@ -866,6 +945,16 @@ def _h200(index: int) -> FakeGpu:
         retired_pages_pending=None,
         throttle_ns=dict(_ZERO_THROTTLE),
         supported_event_types=EVENT_SBE | EVENT_DBE | EVENT_PSTATE | EVENT_XID | EVENT_MIG_CONFIG,
+        # HGX H200 (SXM, 18 NVLinks to the NVSwitches; the capture: 18 links at 26.562 GB/s, fabric
+        # Completed / Success, CliqueId 0, ClusterUUID all zero, health N/A): idle, so GPM reads 0 %
+        gpm=dict(GPM_IDLE),
+        nvlink_states=[1] * 18,
+        nvlink_errors={name: [0] * 18 for name in NVLINK_TOTAL_FIELDS},
+        nvlink_traffic_kib=(1_234_567, 1_198_765),
+        # every link to one of the four NVSwitches of the HGX baseboard
+        nvlink_remotes={link: (2, f"00000000:{0x05 + link % 4:02X}:00.0") for link in range(18)},
+        fabric=(3, 0, 0, 0),
+        fabric_cluster_uuid="0" * 32,
     )
 
 

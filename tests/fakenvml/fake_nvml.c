@@ -325,7 +325,16 @@ typedef struct {
     X(nvmlDeviceGetComputeRunningProcesses_v3)                                 \
     X(nvmlDeviceGetComputeRunningProcesses_v2)                                 \
     X(nvmlDeviceGetGraphicsRunningProcesses_v3)                                \
-    X(nvmlDeviceGetGraphicsRunningProcesses_v2)
+    X(nvmlDeviceGetGraphicsRunningProcesses_v2)                                 \
+    X(nvmlGpmQueryDeviceSupport)                                               \
+    X(nvmlGpmSampleAlloc)                                                      \
+    X(nvmlGpmSampleFree)                                                       \
+    X(nvmlGpmSampleGet)                                                        \
+    X(nvmlGpmMetricsGet)                                                       \
+    X(nvmlDeviceGetGpuFabricInfo)                                              \
+    X(nvmlDeviceGetGpuFabricInfoV)                                             \
+    X(nvmlDeviceGetNvLinkRemoteDeviceType)                                     \
+    X(nvmlDeviceGetNvLinkRemotePciInfo_v2)
 
 #define SYM_ENUM(name) SYM_##name,
 enum { FAKE_SYMBOLS(SYM_ENUM) NSYM };
@@ -433,7 +442,9 @@ static inline void count_cpu(void)
 
 #define MAX_GPUS 64
 #define MAX_FANS 16
-#define MAX_FIELDS 160
+#define MAX_FIELDS 256
+#define MAX_GPM 48
+#define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
 #define MAX_PROCS 64
 #define MAX_XIDS 4096
 #define STR_LEN 96
@@ -472,6 +483,8 @@ static inline void count_cpu(void)
     K(remapped_rows, 4)                                                        \
     K(retired_pages_pending, 1)                                                \
     K(supported_event_types, 1)                                                \
+    K(gpm_supported, 1)                                                        \
+    K(fabric, 4)                                                               \
     K(lost, 1)
 
 #define KEY_ENUM(name, n) K_##name,
@@ -483,11 +496,13 @@ static const struct {
 } g_keys[NKEYS] = {GPU_KEYS(KEY_INFO)};
 _Static_assert(NKEYS <= 64, "present mask is 64 bits");
 
-enum { S_UUID, S_NAME, S_SERIAL, S_VBIOS, S_PCI_BUS_ID, NSTR };
-static const char *const g_str_keys[NSTR] = {"uuid", "name", "serial", "vbios", "pci_bus_id"};
+enum { S_UUID, S_NAME, S_SERIAL, S_VBIOS, S_PCI_BUS_ID, S_FABRIC_CLUSTER, NSTR };
+static const char *const g_str_keys[NSTR] = {"uuid", "name", "serial", "vbios", "pci_bus_id",
+                                             "fabric_cluster_uuid"};
 
 typedef struct {
     unsigned int id;
+    unsigned int scope; /* scopeId: a link, a power scope; 0 unless given as id:scope */
     unsigned int type;
     int err;       /* per-entry error (field_error); 0 = none */
     int has_value; /* a "field" line was seen */
@@ -521,6 +536,12 @@ typedef struct {
     unsigned ecc_has;
     int nfields;
     field_t fields[MAX_FIELDS];
+    int ngpm;
+    unsigned int gpm_id[MAX_GPM];
+    double gpm_value[MAX_GPM];
+    uint64_t nvl_remote_has; /* bit l: an nvlink_remote line for link l */
+    unsigned int nvl_remote_type[MAX_LINKS];
+    char nvl_remote_bus[MAX_LINKS][32];
     int err[NSYM], err_all;
     int block_ms[NSYM], block_all;
     int nproc[2];
@@ -635,17 +656,40 @@ static int find_symbol(const char *name)
     return -1;
 }
 
-static field_t *field_slot(gpu_t *g, unsigned int id, int create)
+static field_t *field_slot(gpu_t *g, unsigned int id, unsigned int scope, int create)
 {
     for (int i = 0; i < g->nfields; i++)
-        if (g->fields[i].id == id)
+        if (g->fields[i].id == id && g->fields[i].scope == scope)
             return &g->fields[i];
     if (!create || g->nfields >= MAX_FIELDS)
         return NULL;
     field_t *f = &g->fields[g->nfields++];
     memset(f, 0, sizeof *f);
     f->id = id;
+    f->scope = scope;
     return f;
+}
+
+/* "<id>" or "<id>:<scope>" of a field line. */
+static int parse_field_key(const char *s, unsigned int *id, unsigned int *scope)
+{
+    char buf[64];
+    long long a, b = 0;
+    size_t n = strlen(s);
+    if (n >= sizeof buf)
+        return -1;
+    memcpy(buf, s, n + 1);
+    char *colon = strchr(buf, ':');
+    if (colon) {
+        *colon = 0;
+        if (parse_num(colon + 1, &b) || b < 0 || b > 0xFFFFFFFFLL)
+            return -1;
+    }
+    if (parse_num(buf, &a) || a < 0 || a > 0xFFFFFFFFLL)
+        return -1;
+    *id = (unsigned int)a;
+    *scope = (unsigned int)b;
+    return 0;
 }
 
 static int parse_value_type(const char *s)
@@ -799,15 +843,37 @@ static int parse_gpu_line(state_t *st, gpu_t *g, const char *key, char **tok, in
     }
     if (strcmp(key, "field") == 0) {
         int type;
-        if (ntok < 4 || parse_num(tok[1], &a) || a < 0 || (type = parse_value_type(tok[2])) < 0)
+        unsigned int id, scope;
+        if (ntok < 4 || parse_field_key(tok[1], &id, &scope) || (type = parse_value_type(tok[2])) < 0)
             return -1;
-        field_t *f = field_slot(g, (unsigned int)a, 1);
+        field_t *f = field_slot(g, id, scope, 1);
         return f ? set_field_value(f, type, tok[3]) : -1;
     }
-    if (strcmp(key, "field_error") == 0) {
-        if (ntok < 3 || parse_num(tok[1], &a) || parse_num(tok[2], &b) || a < 0)
+    if (strcmp(key, "gpm") == 0) {
+        char *end;
+        if (ntok < 3 || parse_num(tok[1], &a) || a < 0 || g->ngpm >= MAX_GPM)
             return -1;
-        field_t *f = field_slot(g, (unsigned int)a, 1);
+        double value = strtod(tok[2], &end);
+        if (*end)
+            return -1;
+        g->gpm_id[g->ngpm] = (unsigned int)a;
+        g->gpm_value[g->ngpm++] = value;
+        return 0;
+    }
+    if (strcmp(key, "nvlink_remote") == 0) {
+        if (ntok < 4 || parse_num(tok[1], &a) || parse_num(tok[2], &b) || a < 0 || a >= MAX_LINKS ||
+            strlen(tok[3]) >= sizeof g->nvl_remote_bus[0])
+            return -1;
+        g->nvl_remote_type[a] = (unsigned int)b;
+        strcpy(g->nvl_remote_bus[a], tok[3]);
+        g->nvl_remote_has |= 1ULL << a;
+        return 0;
+    }
+    if (strcmp(key, "field_error") == 0) {
+        unsigned int id, scope;
+        if (ntok < 3 || parse_field_key(tok[1], &id, &scope) || parse_num(tok[2], &b))
+            return -1;
+        field_t *f = field_slot(g, id, scope, 1);
         if (!f)
             return -1;
         f->err = (int)b;
@@ -1716,7 +1782,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvmlFie
         else
 #endif
         {
-            f = field_slot(g, v->fieldId, 0);
+            f = field_slot(g, v->fieldId, v->scopeId, 0);
             if (f && f->err)
                 ret = f->err;
             else if (f && f->has_value)
@@ -1899,4 +1965,245 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t dev, unsigned
                                                       nvmlProcessInfo_t *infos)
 {
     return running_processes(SYM_nvmlDeviceGetGraphicsRunningProcesses_v2, 1, dev, count, infos);
+}
+
+/* ------------------------------------------------------------------------ */
+/* GPM (GPU performance monitoring, Hopper and newer)                        */
+/* ------------------------------------------------------------------------ */
+/*
+ * State: "gpm_supported 1" makes nvmlGpmQueryDeviceSupport say yes (without it
+ * the call succeeds with isSupportedDevice 0, as on pre-Hopper GPUs, and
+ * nvmlGpmSampleGet answers NOT_SUPPORTED); "gpm <metricId> <value>" gives a
+ * metric's value (a double, the average over any pair of samples); metrics
+ * without a line get a per-metric NOT_SUPPORTED. Samples are opaque
+ * allocations that remember the GPU and the CLOCK_MONOTONIC time of their
+ * nvmlGpmSampleGet; nvmlGpmMetricsGet wants two samples of the same GPU, the
+ * second taken later than the first.
+ */
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+typedef struct fake_gpm_sample {
+    unsigned int magic;
+    int gpu; /* -1 until filled */
+    long long t_ns;
+} *nvmlGpmSample_t;
+#define GPM_MAGIC 0x47504d53U
+#define GPM_METRIC_MAX 477 /* pynvml's NVML_GPM_METRIC_MAX */
+
+typedef struct {
+    const char *shortName;
+    const char *longName;
+    const char *unit;
+} nvmlGpmMetricInfo_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t; /* 40 bytes */
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+#if NEW_SYMBOL
+static int gpm_on(const gpu_t *g)
+{
+    return HAS(g, gpm_supported) && VAL(g, gpm_supported, 0) == 1;
+}
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *support)
+{
+    BEGIN_DEV(nvmlGpmQueryDeviceSupport, dev);
+    NEED(support);
+    if (support->version != 1)
+        END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    support->isSupportedDevice = gpm_on(g) ? 1U : 0U;
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample)
+{
+    nvmlReturn_t r = sys_begin(SYM_nvmlGpmSampleAlloc);
+    if (r)
+        return r;
+    NEED(sample);
+    struct fake_gpm_sample *s = calloc(1, sizeof *s);
+    if (!s)
+        END(NVML_ERROR_INSUFFICIENT_SIZE);
+    s->magic = GPM_MAGIC;
+    s->gpu = -1;
+    *sample = s;
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample)
+{
+    nvmlReturn_t r = sys_begin(SYM_nvmlGpmSampleFree);
+    if (r)
+        return r;
+    NEED(sample && sample->magic == GPM_MAGIC);
+    sample->magic = 0;
+    free(sample);
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample)
+{
+    BEGIN_DEV(nvmlGpmSampleGet, dev);
+    NEED(sample && sample->magic == GPM_MAGIC);
+    if (!gpm_on(g))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    sample->gpu = dev_index(dev);
+    sample->t_ns = mono_ns();
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m)
+{
+    count_call(SYM_nvmlGpmMetricsGet);
+    if (!m || m->version != 1 || !m->sample1 || !m->sample2 || m->sample1->magic != GPM_MAGIC ||
+        m->sample2->magic != GPM_MAGIC)
+        return m && m->version != 1 ? NVML_ERROR_ARGUMENT_VERSION_MISMATCH : NVML_ERROR_INVALID_ARGUMENT;
+    gpu_t *g;
+    nvmlReturn_t r = gpu_begin(SYM_nvmlGpmMetricsGet, m->sample1->gpu, &g);
+    if (r)
+        return r;
+    NEED(m->sample1->gpu >= 0 && m->sample1->gpu == m->sample2->gpu);
+    NEED(m->sample2->t_ns > m->sample1->t_ns && m->numMetrics <= GPM_METRIC_MAX);
+    for (unsigned int i = 0; i < m->numMetrics; i++) {
+        nvmlGpmMetric_t *x = &m->metrics[i];
+        x->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        x->value = 0.0;
+        memset(&x->metricInfo, 0, sizeof x->metricInfo);
+        for (int k = 0; k < g->ngpm; k++)
+            if (g->gpm_id[k] == x->metricId) {
+                x->nvmlReturn = NVML_SUCCESS;
+                x->value = g->gpm_value[k];
+                break;
+            }
+    }
+    END(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* GPU fabric (NVSwitch systems)                                             */
+/* ------------------------------------------------------------------------ */
+/*
+ * State: "fabric <state> <status> <cliqueId> <healthMask>" and
+ * "fabric_cluster_uuid <32 hex digits>" (default all zero). Without a fabric
+ * line both calls answer NOT_SUPPORTED (a PCIe card).
+ */
+
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t; /* 28 bytes */
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+    unsigned int healthMask;
+    unsigned char healthSummary; /* v3 only */
+} nvmlGpuFabricInfo_v3_t;
+#define nvmlGpuFabricInfo_v2 0x02000024U /* sizeof the v2 struct (36) | 2 << 24 */
+#define nvmlGpuFabricInfo_v3 STRUCT_VERSION(nvmlGpuFabricInfo_v3_t, 3) /* 0x03000028 */
+
+static void fabric_uuid(const gpu_t *g, unsigned char out[16])
+{
+    memset(out, 0, 16);
+    if (!(g->str_present >> S_FABRIC_CLUSTER & 1U))
+        return;
+    const char *s = g->str[S_FABRIC_CLUSTER];
+    for (int i = 0; i < 16 && s[2 * i] && s[2 * i + 1]; i++) {
+        unsigned int byte;
+        if (sscanf(s + 2 * i, "%2x", &byte) != 1)
+            return;
+        out[i] = (unsigned char)byte;
+    }
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t dev, nvmlGpuFabricInfo_t *info)
+{
+    BEGIN_DEV(nvmlDeviceGetGpuFabricInfo, dev);
+    NEED(info);
+    REQUIRE(g, fabric);
+    fabric_uuid(g, info->clusterUuid);
+    info->state = (unsigned int)VAL(g, fabric, 0);
+    info->status = (nvmlReturn_t)VAL(g, fabric, 1);
+    info->cliqueId = (unsigned int)VAL(g, fabric, 2);
+    END(NVML_SUCCESS);
+}
+
+#if NEW_SYMBOL
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_t *info)
+{
+    BEGIN_DEV(nvmlDeviceGetGpuFabricInfoV, dev);
+    NEED(info);
+    if (info->version != nvmlGpuFabricInfo_v2 && info->version != nvmlGpuFabricInfo_v3)
+        END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    REQUIRE(g, fabric);
+    fabric_uuid(g, info->clusterUuid);
+    info->state = (unsigned int)VAL(g, fabric, 0);
+    info->status = (nvmlReturn_t)VAL(g, fabric, 1);
+    info->cliqueId = (unsigned int)VAL(g, fabric, 2);
+    info->healthMask = (unsigned int)VAL(g, fabric, 3);
+    if (info->version == nvmlGpuFabricInfo_v3)
+        info->healthSummary = 0;
+    END(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* NVLink remote ends                                                        */
+/* ------------------------------------------------------------------------ */
+/*
+ * State: "nvlink_remote <link> <type> <pci bus id>" (type: GPU 0, IBMNPU 1,
+ * SWITCH 2, UNKNOWN 255). Links without a line answer NOT_SUPPORTED (an
+ * inactive or absent link).
+ */
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned int link, unsigned int *type)
+{
+    BEGIN_DEV(nvmlDeviceGetNvLinkRemoteDeviceType, dev);
+    NEED(type);
+    NEED(link < MAX_LINKS);
+    if (!(g->nvl_remote_has >> link & 1ULL))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    *type = g->nvl_remote_type[link];
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int link, nvmlPciInfo_t *pci)
+{
+    BEGIN_DEV(nvmlDeviceGetNvLinkRemotePciInfo_v2, dev);
+    NEED(pci);
+    NEED(link < MAX_LINKS);
+    if (!(g->nvl_remote_has >> link & 1ULL))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int dom = 0, bus = 0, device = 0, fn = 0;
+    memset(pci, 0, sizeof *pci);
+    if (sscanf(g->nvl_remote_bus[link], "%x:%x:%x.%x", &dom, &bus, &device, &fn) == 4) {
+        pci->domain = dom;
+        pci->bus = bus;
+        pci->device = device;
+    }
+    snprintf(pci->busId, sizeof pci->busId, "%s", g->nvl_remote_bus[link]);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", dom & 0xFFFF, bus, device, fn);
+    END(NVML_SUCCESS);
 }
