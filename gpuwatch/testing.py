@@ -64,6 +64,12 @@ def fast_sample(**overrides: Any) -> FastSample:
         clocks_event_active={"gpu_idle": True, "sw_power_cap": False, "hw_slowdown": False,
                              "sw_thermal_slowdown": False, "hw_thermal_slowdown": False},
         clocks_event_seconds={"sw_power_cap": 12.5, "hw_thermal_slowdown": 0.0},
+        sm_active_ratio=0.0,
+        sm_occupancy_ratio=0.0,
+        graphics_engine_active_ratio=0.0,
+        pipe_active_ratio={"tensor": 0.0, "fp64": 0.0, "fp32": 0.0, "fp16": 0.0, "integer": 0.0},
+        dram_bandwidth_ratio=0.0,
+        pcie_traffic_bytes={"tx": 1.5e9, "rx": 2.5e9},
     )
     values.update(overrides)
     return groups.fast_sample(**values)
@@ -85,6 +91,16 @@ def slow_sample(**overrides: Any) -> SlowSample:
         pcie_link_generation={"current": 1, "max": 5},
         pcie_link_width={"current": 16, "max": 16},
         pcie_replays=0,
+        # HGX H200: 18 NVLinks to the NVSwitches, all up; fabric registration completed (the capture)
+        nvlink_up=dict.fromkeys(map(str, range(18)), True),
+        nvlink_up_at_discovery=dict.fromkeys(map(str, range(18)), True),
+        nvlink_remote={str(link): "NVSwitch" for link in range(18)},
+        nvlink_errors=dict.fromkeys(("crc_flit", "crc_data", "replay", "recovery", "ecc_data"), 0),
+        nvlink_traffic_bytes={"tx": 1.2e12, "rx": 1.1e12},
+        fabric_state="completed",
+        fabric_status="success",
+        fabric_cluster_uuid="00000000-0000-0000-0000-000000000000",
+        fabric_clique_id=0,
     )
     values.update(overrides)
     return groups.slow_sample(**values)

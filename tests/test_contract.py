@@ -33,6 +33,9 @@ FEATURE_SERIES = {
     "retired_pages": ("gpuwatch_retired_pages_pending", {}),
     "pcie": ("gpuwatch_pcie_link_generation", {"link": "current"}),
     "xid_events": ("gpuwatch_xid_events_total", {}),
+    "gpm": ("gpuwatch_sm_active_ratio", {}),
+    "nvlink": ("gpuwatch_nvlink_links", {"state": "active"}),
+    "fabric": ("gpuwatch_fabric_state", {"state": "completed"}),
 }
 # Every GPU of every backend has these.
 ALWAYS = ("gpuwatch_gpu_info", "gpuwatch_gpu_up", "gpuwatch_temperature_celsius", "gpuwatch_clock_hertz",

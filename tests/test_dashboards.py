@@ -47,7 +47,7 @@ TITLES = {"gpuwatch-node": "gpuwatch / Node", "gpuwatch-fleet": "gpuwatch / Flee
 DS = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids (packages/grafana-data/src/valueFormats/categories.ts): the base units of gpuwatch's
 # metrics, plain numbers for counts and states, and rpm for the fan RPM gauge.
-ALLOWED_UNITS = {"celsius", "watt", "joule", "percentunit", "bytes", "hertz", "s", "none", "short", "rotrpm"}
+ALLOWED_UNITS = {"celsius", "watt", "joule", "percentunit", "bytes", "Bps", "hertz", "s", "none", "short", "rotrpm"}
 STANDARD_METRICS = {"up"}  # plus process_* (prometheus_client's process collector)
 PANEL_TYPES = {"timeseries", "stat", "gauge", "bargauge", "table", "state-timeline", "row"}
 
@@ -471,6 +471,7 @@ def _fault_node() -> fakenvml.FakeNode:
     g0.ecc_errors = {(0, 0): 0, (1, 0): 2, (0, 1): 0, (1, 1): 2}  # 2 uncorrected, volatile and lifetime
     g0.remapped_rows = (0, 1, 1, 0)  # one row remapped for an uncorrectable error, pending a reset
     node.add_xid(gpu=0, xid=48)  # double-bit ECC error
+    g0.fabric = (3, 0, 0, 1 | 2 << 4)  # fabric registered; health: degraded bandwidth, routes healthy
     g1.clocks_event_reasons = 0x4 | 0x20  # sw_power_cap + sw_thermal_slowdown
     g1.throttle_ns = {**g1.throttle_ns, 74: 5_000_000_000, 75: 1_000_000_000}
     g1.retired_pages_pending = 0  # so that the page-retirement column has a series
@@ -482,6 +483,7 @@ def _fault_node() -> fakenvml.FakeNode:
     g1.add_process(4999, None)
     g0.memory_used, g1.memory_used = 5 * GIB, 21 * GIB
     g1.utilization = (85, 40)
+    g1.gpm = {**fakenvml.GPM_IDLE, 1: 85.0, 2: 70.0, 3: 35.0, 5: 45.0, 10: 40.0}  # busy: its SMs work too
     return node
 
 

@@ -17,7 +17,8 @@ from daemon import Daemon, fake_env
 GOLDEN = Path(__file__).parent / "golden"
 # Samples whose values differ from run to run; their HELP/TYPE lines stay in the file.
 VOLATILE = re.compile(r"^(process_\w+|gpuwatch_build_info|gpuwatch_poll_duration_seconds|gpuwatch_collector_duration_seconds|"
-                      r"gpuwatch_last_poll_timestamp_seconds|gpuwatch_anomaly_since_timestamp_seconds)(\{| )")
+                      r"gpuwatch_last_poll_timestamp_seconds|gpuwatch_anomaly_since_timestamp_seconds|"
+                      r"gpuwatch_pcie_traffic_bytes_total)(\{| )")  # PCIe bytes: integrated over the elapsed time
 
 
 def stable(exposition: str) -> str:
@@ -57,6 +58,25 @@ def test_golden_exposition_over_the_fake_library(fixture_node_daemon):
     assert status == 200
     promtool_check(body)
     check_golden("nvml-fixture.prom", stable(body))
+    # the contract's series budget at defaults: 80 per GPU, 100 on an NVLink/GPM-capable one (the H200s)
+    per_gpu, h200 = series_per_gpu(body), h200_uuids(d)
+    assert len(per_gpu) == 3 and len(h200) == 2
+    assert min(per_gpu[u] for u in h200) > 90  # the count sees the data-center families
+    for uuid, count in per_gpu.items():
+        assert count <= (100 if uuid in h200 else 80), (uuid, count)
+
+
+def series_per_gpu(exposition: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for line in exposition.splitlines():
+        match = re.search(r'[{,]uuid="(GPU-[^"]+)"', line)
+        if match and not line.startswith("#"):
+            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    return counts
+
+
+def h200_uuids(d) -> set[str]:
+    return {dict(k[1])["uuid"] for k in d.metrics() if k[0] == "gpuwatch_gpu_info" and dict(k[1])["name"] == "NVIDIA H200"}
 
 
 def test_once_prints_the_same_exposition(tmp_path):

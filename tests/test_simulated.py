@@ -302,6 +302,10 @@ def _present(feature: str, fast: FastSample, slow: SlowSample) -> bool:
         and bool(slow.thermal.temperature_margin_threshold_celsius),
         "utilization": set(fast.utilization.utilization_ratio) == {"gpu", "memory"}
         and set(slow.utilization.utilization_ratio) == {"encoder", "decoder"},
+        "gpm": fast.gpm.sm_active_ratio is not None and set(fast.gpm.pipe_active_ratio) == {"tensor"}
+        and fast.gpm.dram_bandwidth_ratio is not None and set(fast.gpm.pcie_traffic_bytes) == {"tx", "rx"},
+        "nvlink": bool(slow.nvlink.nvlink_up) and bool(slow.nvlink.nvlink_errors),
+        "fabric": slow.fabric.fabric_state is not None,
     }[feature]
 
 

@@ -96,6 +96,9 @@ def full_slow_sample():
         retired_pages_pending=False,
         processes=(GpuProcess(pid=4242, used_memory_bytes=2 * 2**30), GpuProcess(pid=4243)),
         pcie_replays=7,
+        nvlink_link_errors={("3", "replay"): 4, ("17", "crc_flit"): 0},
+        nvlink_per_link=True,
+        fabric_health={"degraded_bandwidth": True, "route_unhealthy": False},
         errors=("gpu_is_lost",),
     )
 

@@ -189,13 +189,16 @@ def _direct(function: str, handle: Any, args: tuple[Any, ...]) -> Callable[[], A
     return call
 
 
+FieldKey = Any  # a field id (scope 0), or (field id, scopeId): a link, "all links" (0xFFFFFFFF)
+
+
 class _Batch:
-    """One GPU's field-values call for one tier: the ids fixed at discovery, the array built once."""
+    """One GPU's field-values call for one tier: the keys fixed at discovery, the array built once."""
 
     __slots__ = ("ids", "owners", "shares", "_pristine", "_buffer", "_size", "_count", "_fn")
 
-    def __init__(self, owners: Mapping[int, str]) -> None:
-        """``owners``: field id -> the group that reads it."""
+    def __init__(self, owners: Mapping[FieldKey, str]) -> None:
+        """``owners``: field key (an id, or (id, scopeId)) -> the group that reads it."""
         self.ids = tuple(owners)
         self.owners = dict(owners)
         # group -> its share of the call's ids: the share of the call's time put down to it
@@ -203,8 +206,11 @@ class _Batch:
                        for group in set(owners.values())}
         self._count = ctypes.c_int32(len(self.ids))
         self._pristine = (_FieldValue * len(self.ids))()
-        for entry, fid in zip(self._pristine, self.ids):
-            entry.fieldId = fid
+        for entry, key in zip(self._pristine, self.ids):
+            if isinstance(key, tuple):
+                entry.fieldId, entry.scopeId = key
+            else:
+                entry.fieldId = key
         self._buffer = (_FieldValue * len(self.ids))()
         self._size = ctypes.sizeof(self._pristine)
         self._fn = N._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")  # after nvmlInit; pynvml caches it
@@ -230,10 +236,98 @@ def _memory_v2(handle: Any) -> Any:
     return N.nvmlDeviceGetMemoryInfo(handle, version=N.nvmlMemory_v2)
 
 
+def _fabric_info(handle: Any, versioned: bool) -> dict[str, Any]:
+    """nvmlDeviceGetGpuFabricInfoV (v2 structure, with the health mask) or the older
+    nvmlDeviceGetGpuFabricInfo; pynvml's wrappers pass the caller's structure as is, so build it
+    here and pass it by reference."""
+    if versioned:
+        info: Any = _plain(N.c_nvmlGpuFabricInfo_v2_t)()
+        info.version = N.nvmlGpuFabricInfo_v2
+        fn = N._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfoV")
+    else:
+        info = _plain(N.c_nvmlGpuFabricInfo_t)()
+        fn = N._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")
+    N._nvmlCheckReturn(fn(handle, ctypes.byref(info)))
+    return {"state": int(info.state), "status": "success" if info.status == 0 else ERROR_NAMES.get(
+                info.status, "unknown"),
+            "clique_id": int(info.cliqueId), "cluster_uuid": bytes(info.clusterUuid),
+            "health_mask": int(info.healthMask) if versioned else None}
+
+
 _OWN: Mapping[str, Callable[..., Any]] = {
     "nvmlDeviceGetFanSpeedRPM": _fan_rpm,
     "nvmlDeviceGetMemoryInfo_v2": _memory_v2,
+    "nvmlDeviceGetGpuFabricInfoV": functools.partial(_fabric_info, versioned=True),
+    "nvmlDeviceGetGpuFabricInfo": functools.partial(_fabric_info, versioned=False),
 }
+
+
+class _GpmPair:
+    """GPM for one GPU (nvmlGpmMetricsGet over two samples): the two samples are allocated on the
+    first call and swapped from then on; each call takes one sample (nvmlGpmSampleGet) and, from the
+    second call on, returns ({metric id: value} of the metrics whose own return code is SUCCESS,
+    seconds between the two samples). The first call returns None (no interval yet)."""
+
+    def __init__(self, handle: Any, metric_ids: tuple[int, ...]) -> None:
+        self._handle = handle
+        self._ids = metric_ids
+        self._samples: list[Any] | None = None
+        self._next = 0
+        self._taken: float | None = None
+        metric = _plain(N.c_nvmlGpmMetric_t)
+        fields = [(name, kind) for name, kind in N.c_nvmlGpmMetricsGet_t._fields_ if name != "metrics"]
+        request = type("_GpmMetricsGet", (ctypes.Structure,),
+                       {"_fields_": [*fields, ("metrics", metric * N.NVML_GPM_METRIC_MAX)]})
+        assert ctypes.sizeof(request) == ctypes.sizeof(N.c_nvmlGpmMetricsGet_t)
+        self._request = request()
+        self._request.version = N.NVML_GPM_METRICS_GET_VERSION
+        self._request.numMetrics = len(metric_ids)
+        for slot, mid in zip(self._request.metrics, metric_ids):
+            slot.metricId = mid
+        self._sample_get: Any = None
+        self._metrics_get: Any = None
+
+    def __call__(self) -> tuple[dict[int, float], float] | None:
+        if self._samples is None:  # resolved here, inside the funnel's error handling (an old driver lacks them)
+            self._sample_get = N._nvmlGetFunctionPointer("nvmlGpmSampleGet")
+            self._metrics_get = N._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
+            first = N.nvmlGpmSampleAlloc()
+            try:
+                self._samples = [first, N.nvmlGpmSampleAlloc()]
+            except N.NVMLError:
+                N.nvmlGpmSampleFree(first)
+                raise
+        current = self._samples[self._next]
+        ret = self._sample_get(self._handle, current)
+        if ret:
+            raise N.NVMLError(ret)
+        now, before = time.monotonic(), self._taken
+        self._taken = now
+        self._next ^= 1
+        if before is None:
+            return None
+        request = self._request
+        request.sample1, request.sample2 = self._samples[self._next], current
+        ret = self._metrics_get(ctypes.byref(request))
+        if ret:
+            raise N.NVMLError(ret)
+        values = {m.metricId: m.value for m in request.metrics[:len(self._ids)] if m.nvmlReturn == 0}
+        return values, now - before
+
+    def free(self) -> None:
+        samples, self._samples = self._samples, None
+        for sample in samples or ():
+            try:
+                N.nvmlGpmSampleFree(sample)
+            except N.NVMLError:
+                pass
+
+
+def _stateful(function: str, handle: Any, args: tuple[Any, ...]) -> Any:
+    """The funnel's calls that keep state between polls (GPM's sample pair); None for the others."""
+    if function == "nvmlGpmMetricsGet":
+        return _GpmPair(handle, tuple(args[0])) if hasattr(N, "c_nvmlGpmMetricsGet_t") else None
+    return None
 
 
 def _resolve(function: str) -> Callable[..., Any] | None:
@@ -257,14 +351,19 @@ class _Probe:
 
     def __init__(self, handle: Any, fields: frozenset[int], options: Mapping[str, Any]) -> None:
         self.handle = handle
-        self.fields = fields  # the ids the GPU answered at discovery
+        self.fields: set[FieldKey] = set(fields)  # the keys the GPU answered at discovery
         self.options = options  # "<group>.<option>" -> value
         self.features: dict[str, bool] = {}
-        self.used: dict[str, dict[int, str]] = {"fast": {}, "slow": {}}  # tier -> field id -> group
+        self.used: dict[str, dict[FieldKey, str]] = {"fast": {}, "slow": {}}  # tier -> field key -> group
+        self.cleanups: list[Callable[[], None]] = []  # what to free before NVML shuts down (GPM samples)
         self.group = ""
 
     def call(self, function: str, *args: Any) -> Any:
         """A call of no arguments (None: this binding has no such function)."""
+        stateful = _stateful(function, self.handle, args)
+        if stateful is not None:
+            self.cleanups.append(stateful.free)
+            return stateful
         direct = _direct(function, self.handle, args)
         if direct is not None:
             return direct
@@ -296,7 +395,24 @@ class _Probe:
     def has_field(self, field_id: int) -> bool:
         return field_id in self.fields
 
-    def field(self, field_id: int, tier: str) -> bool:
+    def values(self, keys: Any) -> dict[FieldKey, float | int]:
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        try:
+            entries = _Batch({key: self.group for key in keys}).run(self.handle)
+        except N.NVMLError as exc:
+            if _is_gone(exc.value):
+                raise
+            return {}
+        answered: dict[FieldKey, float | int] = {}
+        for key, entry in zip(keys, entries):
+            if entry.nvmlReturn == N.NVML_SUCCESS and entry.valueType < len(_VALUE_MEMBERS):
+                answered[key] = getattr(entry.value, _VALUE_MEMBERS[entry.valueType])
+        self.fields.update(answered)
+        return answered
+
+    def field(self, field_id: FieldKey, tier: str) -> bool:
         if field_id not in self.fields:
             return False
         self.used[tier][field_id] = self.group
@@ -319,7 +435,7 @@ class _Query:
         self._backend = backend
         self._uuid = uuid
         self.errors: list[str] = []
-        self._values: dict[int, float | int] = {}
+        self._values: dict[FieldKey, float | int] = {}
         self.field_errors: dict[str, int] = {}  # group -> failed entries of this poll's batch
 
     def __call__(self, call: Any) -> Any:
@@ -332,7 +448,7 @@ class _Query:
             self.errors.append(ERROR_NAMES.get(exc.value, "unknown"))
             return None
 
-    def field(self, field_id: int) -> float | int | None:
+    def field(self, field_id: FieldKey) -> float | int | None:
         return self._values.get(field_id)
 
     def load(self, batch: _Batch, handle: Any) -> None:
@@ -349,17 +465,17 @@ class _Query:
             return
         values = self._values
         members, known = _VALUE_MEMBERS, len(_VALUE_MEMBERS)
-        for entry in entries:
+        for key, entry in zip(batch.ids, entries):
             code = entry.nvmlReturn
             if code == 0:  # NVML_SUCCESS
                 kind = entry.valueType
                 if kind < known:
-                    values[entry.fieldId] = getattr(entry.value, members[kind])
+                    values[key] = getattr(entry.value, members[kind])
                     continue
             if code == _LOST:
                 raise DeviceLost(self._uuid, "NVML: GPU is lost")
             self.errors.append(ERROR_NAMES.get(code, "unknown") if code != N.NVML_SUCCESS else "bad_value_type")
-            group = batch.owners.get(entry.fieldId, "")
+            group = batch.owners.get(key, "")
             self.field_errors[group] = self.field_errors.get(group, 0) + 1
 
 
@@ -374,6 +490,7 @@ class _Gpu:
     slow: tuple[tuple[str, str, NvmlReader], ...] = ()
     batches: dict[str, _Batch] = field(default_factory=dict)  # tier -> its field-values call
     events: bool = False  # registered for XID events
+    cleanups: list[Callable[[], None]] = field(default_factory=list)  # run before NVML shuts down
 
 
 class NvmlBackend:
@@ -430,7 +547,7 @@ class NvmlBackend:
                 except N.NVMLError:
                     pass
             self._event_set = None
-            self._devices = {}
+            self._free_devices()
             self._by_handle = {}
             if have_events_lock:
                 try:
@@ -440,6 +557,16 @@ class NvmlBackend:
         finally:
             if have_events_lock:
                 self._events_lock.release()
+
+    def _free_devices(self) -> None:
+        """Free what the groups' calls hold in NVML (GPM samples); errors do not matter here."""
+        devices, self._devices = self._devices, {}
+        for gpu in devices.values():
+            for cleanup in gpu.cleanups:
+                try:
+                    cleanup()
+                except N.NVMLError:
+                    pass
 
     @staticmethod
     def _unavailable(exc: N.NVMLError) -> BackendUnavailable:
@@ -463,6 +590,7 @@ class NvmlBackend:
             raise self._unavailable(exc) from None
         found: list[DiscoveredGpu] = []
         devices: dict[str, _Gpu] = {}
+        self._free_devices()
         for index in range(count):
             texts = _Texts()
             try:
@@ -533,7 +661,7 @@ class NvmlBackend:
                 slow.append((group.name, group.slow, reader))
             if group.name == "xid":
                 gpu.events = bool(getattr(reader, "supported", False))
-        gpu.fast, gpu.slow, gpu.features = tuple(fast), tuple(slow), dev.features
+        gpu.fast, gpu.slow, gpu.features, gpu.cleanups = tuple(fast), tuple(slow), dev.features, dev.cleanups
         gpu.batches = {tier: _Batch(owners) for tier, owners in dev.used.items() if owners}
 
     def _probe_fields(self, handle: Any) -> frozenset[int]:

@@ -17,12 +17,29 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwatch.groups import clocks, ecc, fans, memory, pcie, power, processes, thermal, utilization, xid
+from gpuwatch.groups import (
+    clocks,
+    ecc,
+    fabric,
+    fans,
+    gpm,
+    memory,
+    nvlink,
+    pcie,
+    power,
+    processes,
+    thermal,
+    utilization,
+    xid,
+)
 from gpuwatch.groups.base import Group, Spec
 from gpuwatch.groups.clocks import ClockLimits, Clocks
 from gpuwatch.groups.ecc import Ecc
+from gpuwatch.groups.fabric import Fabric
 from gpuwatch.groups.fans import FanReading
+from gpuwatch.groups.gpm import Gpm
 from gpuwatch.groups.memory import Memory
+from gpuwatch.groups.nvlink import NvLink
 from gpuwatch.groups.pcie import Pcie
 from gpuwatch.groups.power import Power, PowerLimits
 from gpuwatch.groups.processes import GpuProcess
@@ -31,7 +48,7 @@ from gpuwatch.groups.utilization import Utilization
 
 GROUPS: tuple[Group, ...] = (
     thermal.GROUP, fans.GROUP, power.GROUP, clocks.GROUP, utilization.GROUP, memory.GROUP,
-    ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP,
+    ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP, gpm.GROUP, nvlink.GROUP, fabric.GROUP,
 )
 BY_NAME: Mapping[str, Group] = {g.name: g for g in GROUPS}
 DEFAULT_ENABLED: frozenset[str] = frozenset(g.name for g in GROUPS if g.default)
@@ -57,6 +74,7 @@ class FastSample:
     clocks: Clocks = Clocks()
     utilization: Utilization = Utilization()
     memory: Memory = Memory()
+    gpm: Gpm = Gpm()
     # Lowercase NVML error names of queries that failed in this poll (not NOT_SUPPORTED probes).
     errors: tuple[str, ...] = ()
     # (group, seconds, succeeded) of each group read for this sample: gpuwatch_collector_*
@@ -74,6 +92,8 @@ class SlowSample:
     ecc: Ecc = Ecc()
     pcie: Pcie = Pcie()
     processes: tuple[GpuProcess, ...] | None = None  # None: not read (unsupported or not collected)
+    nvlink: NvLink = NvLink()
+    fabric: Fabric = Fabric()
     errors: tuple[str, ...] = ()
     collected: tuple[tuple[str, float, bool], ...] = ()
 

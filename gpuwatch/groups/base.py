@@ -28,6 +28,7 @@ from typing import Any, Protocol
 G = ("gpu", "uuid")  # the labels every per-GPU family starts with
 
 LabelValues = tuple[str, ...]
+FieldKey = int | tuple[int, int]  # a field id (scope 0), or (field id, scopeId)
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,17 @@ class Device(Protocol):
         declared ids are probed in one batch before the groups' own probes)."""
         ...
 
-    def field(self, field_id: int, tier: str) -> bool:
-        """``has_field``, and if so the id is read in ``tier``'s ("fast" or "slow") one batched
-        field-values call of every poll from now on (``Query.field`` hands it out)."""
+    def values(self, keys: Iterable[FieldKey]) -> Mapping[FieldKey, float | int]:
+        """One nvmlDeviceGetFieldValues call now, at discovery, for ``keys`` (a field id, or
+        (id, scopeId) for a scoped one: a link, 0xFFFFFFFF for all links): the values of the
+        entries that answered, by the key given. Those keys may then be passed to ``field``. For
+        ids whose set depends on another reading (the NVLink links of the GPU's link count)."""
+        ...
+
+    def field(self, field_id: FieldKey, tier: str) -> bool:
+        """``has_field`` (or answered by ``values``), and if so the key is read in ``tier``'s
+        ("fast" or "slow") one batched field-values call of every poll from now on
+        (``Query.field`` hands it out, by the same key)."""
         ...
 
     def option(self, name: str) -> Any:
@@ -105,8 +114,8 @@ class Query(Protocol):
         gpuwatch_poll_errors_total). A lost GPU or a backend that went away raises."""
         ...
 
-    def field(self, field_id: int) -> float | int | None:
-        """This tier's value of a field id (from the one batched nvmlDeviceGetFieldValues call),
+    def field(self, field_id: FieldKey) -> float | int | None:
+        """This tier's value of a field key (from the one batched nvmlDeviceGetFieldValues call),
         decoded by its value type; None if the entry failed or was not asked for."""
         ...
 

@@ -7,9 +7,10 @@ from gpuwatch.rules.base import Rule
 
 def all_rules() -> tuple[Rule, ...]:
     """Every shipped rule, in documentation order (rule ids are unique)."""
-    from gpuwatch.rules import fan, health, node, thermal, throttle, workload
+    from gpuwatch.rules import fan, health, interconnect, node, thermal, throttle, workload
 
-    rules = fan.RULES + thermal.RULES + throttle.RULES + health.RULES + workload.RULES + node.RULES
+    rules = (fan.RULES + thermal.RULES + throttle.RULES + health.RULES + interconnect.RULES + workload.RULES
+             + node.RULES)
     ids = [rule.id for rule in rules]
     assert len(ids) == len(set(ids)), "duplicate rule id"
     return rules

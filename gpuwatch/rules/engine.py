@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuwatch.errors import ConfigError
 from gpuwatch.groups.clocks import Clocks as _Clocks
+from gpuwatch.groups.gpm import Gpm
 from gpuwatch.groups.memory import Memory
 from gpuwatch.groups.power import Power as _Power
 from gpuwatch.logs import get_logger
@@ -75,6 +76,8 @@ def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
             value = _Clocks(_EMPTY, value.clocks_event_active, value.clocks_event_seconds)
         elif name == "power" and (value.energy_joules is not None or value.performance_state is not None):
             value = _Power(value.power_watts)
+        elif name == "gpm" and value.pcie_traffic_bytes:  # the rules look back at SM activity only
+            value = Gpm(value.sm_active_ratio, None, None, _EMPTY, None, _EMPTY)
         if previous is not None:
             before = getattr(previous, name)
             if before is not value and before == value:

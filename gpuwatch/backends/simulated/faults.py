@@ -26,6 +26,10 @@ class Conditions:
     pcie_width: int | None = None  # link trained down to this many lanes
     pcie_generation: int | None = None  # link trained down to this generation
     replays_per_second: float = 0.0
+    nvlink_down: tuple[int, ...] = ()  # links inactive
+    nvlink_errors_per_second: dict[str, float] = field(default_factory=dict)  # error kind -> rate
+    fabric_state: str | None = None  # overrides "completed" (the fabric manager is not running)
+    fabric_issues: tuple[str, ...] = ()  # fabric health issues reported
 
 
 @dataclass(slots=True)
@@ -38,6 +42,7 @@ class Health:
     remapped_rows_failed: bool = False
     retired_pages_pending: bool = False
     pcie_replays: float = 0.0
+    nvlink_errors: dict[str, float] = field(default_factory=dict)  # error kind -> count over the links
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +222,24 @@ def _pcie_replays_end(fault: Fault, health: Health, _profile: Profile) -> None:
         health.pcie_replays = 0.0
 
 
+def _nvlink_down(fault: Fault, c: Conditions, _since: float) -> None:
+    c.nvlink_down = (*c.nvlink_down, int(fault.params["link"]))
+
+
+def _nvlink_errors(fault: Fault, c: Conditions, _since: float) -> None:
+    for kind in ("crc_flit", "replay", "recovery"):
+        rate = fault.params[f"{kind}_per_minute"] / 60.0
+        c.nvlink_errors_per_second[kind] = c.nvlink_errors_per_second.get(kind, 0.0) + rate
+
+
+def _fabric_manager_down(_fault: Fault, c: Conditions, _since: float) -> None:
+    c.fabric_state = "not_started"
+
+
+def _fabric_degraded(fault: Fault, c: Conditions, _since: float) -> None:
+    c.fabric_issues = (*c.fabric_issues, "degraded_bandwidth")
+
+
 def _row_remap_pending_onset(fault: Fault, health: Health, profile: Profile) -> None:
     count = int(fault.params["count"])
     health.ecc[("corrected", "volatile")] += count
@@ -334,6 +357,33 @@ FAULT_KINDS: dict[str, FaultKind] = {
         requires=("pcie",),
         during=_pcie_replays,
         end=_pcie_replays_end,
+    ),
+    "nvlink_down": FaultKind(
+        "NVLink link `link` goes inactive (a cable, a connector, an NVSwitch port): the GPU's other "
+        "links carry on.",
+        params={"link": 5.0},
+        requires=("nvlink",),
+        during=_nvlink_down,
+    ),
+    "nvlink_crc_storm": FaultKind(
+        "A marginal NVLink: the error totals grow by `crc_flit_per_minute` flit-CRC errors, "
+        "`replay_per_minute` replays and `recovery_per_minute` recoveries a minute (the counters "
+        "stay where they got to afterwards).",
+        params={"crc_flit_per_minute": 120.0, "replay_per_minute": 40.0, "recovery_per_minute": 0.0},
+        requires=("nvlink",),
+        during=_nvlink_errors,
+    ),
+    "fabric_manager_down": FaultKind(
+        "nvidia-fabricmanager is not running: the GPU's fabric registration stays not started until "
+        "the end of the window (the fabric manager started), then completes.",
+        requires=("fabric",),
+        during=_fabric_manager_down,
+    ),
+    "fabric_degraded": FaultKind(
+        "The fabric reports degraded bandwidth for the GPU (an NVSwitch tray lost ports) while the "
+        "registration stays completed.",
+        requires=("fabric",),
+        during=_fabric_degraded,
     ),
     "row_remap_pending": FaultKind(
         "A row is remapped after `count` correctable errors in it (XID `xid`, 63: recording "

@@ -97,6 +97,13 @@ class _Gpu:
     lost: bool = False
     pcie_width: int | None = None  # trained-down link (faults), else the profile's
     pcie_generation: int | None = None
+    # GPM: this step's activity (ratios) and the traffic integrated so far (bytes)
+    sm_active: float = 0.0
+    nvlink_down: tuple[int, ...] = ()
+    fabric_state: str = "completed"
+    fabric_issues: tuple[str, ...] = ()
+    pcie_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})
+    nvlink_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})
     active_faults: set[int] = field(default_factory=set)
     event_seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(CLOCKS_EVENT_TIME_REASONS, 0.0)
@@ -235,6 +242,18 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     g.hw_slowdown = c.hw_slowdown
     g.pcie_width, g.pcie_generation = c.pcie_width, c.pcie_generation
     g.health.pcie_replays += c.replays_per_second * dt
+    # SM activity trails "utilization" (a resident kernel) by how much of the GPU the job fills
+    g.sm_active = min(1.0, util * factor * (0.55 + 0.35 * c.memory_intensity))
+    pcie = (0.2 + 20.0 * util) * _MIB * dt  # MiB/s: input batches in, results out
+    g.pcie_bytes["tx"] += pcie * 0.4
+    g.pcie_bytes["rx"] += pcie
+    g.nvlink_down, g.fabric_state, g.fabric_issues = c.nvlink_down, c.fabric_state or "completed", c.fabric_issues
+    for error, rate in c.nvlink_errors_per_second.items():
+        g.health.nvlink_errors[error] = g.health.nvlink_errors.get(error, 0.0) + rate * dt
+    if p.nvlink_links:  # collectives at a share of the links' bandwidth
+        nvlink = util * 0.3 * p.nvlink_links * p.nvlink_gbps * 1e9 * dt
+        g.nvlink_bytes["tx"] += nvlink
+        g.nvlink_bytes["rx"] += nvlink
 
 
 def _fast_sample(g: _Gpu) -> FastSample:
@@ -298,6 +317,17 @@ def _fast_sample(g: _Gpu) -> FastSample:
         clock_hertz={name: mhz * 1e6 for name, mhz in clocks.items() if name != "video"},  # video: slow tier
         clocks_event_active=decode_clocks_event_reasons(mask, _ALL_REASONS),
         clocks_event_seconds={r: g.event_seconds[r] for r in p.clocks_event_time_reasons},
+        **(_gpm(g) if p.gpm else {}),
+    )
+
+
+def _gpm(g: _Gpu) -> dict[str, object]:
+    sm = g.sm_active
+    return dict(  # the gpm group's default set (its detail option is the NVML backend's)
+        sm_active_ratio=round(sm, 4),
+        pipe_active_ratio={"tensor": round(sm * 0.6, 4)},
+        dram_bandwidth_ratio=round(g.memory_utilization * 0.8, 4),
+        pcie_traffic_bytes={d: float(round(v)) for d, v in g.pcie_bytes.items()},
     )
 
 
@@ -336,6 +366,27 @@ def _slow_sample(g: _Gpu) -> SlowSample:
         pcie_link_generation={"current": generation, "max": p.pcie_max_generation},
         pcie_link_width={"current": width, "max": p.pcie_width},
         pcie_replays=int(h.pcie_replays),
+        **(_nvlink(g) if p.nvlink_links else {}),
+        **(_fabric(g) if p.fabric else {}),
+    )
+
+
+def _fabric(g: _Gpu) -> dict[str, object]:
+    completed = g.fabric_state == "completed"
+    health = {issue: issue in g.fabric_issues for issue in ("degraded_bandwidth", "route_recovery")}
+    return dict(fabric_state=g.fabric_state, fabric_status="success" if completed else None, fabric_health=health,
+                fabric_cluster_uuid="00000000-0000-0000-0000-000000000000", fabric_clique_id=0)
+
+
+def _nvlink(g: _Gpu) -> dict[str, object]:
+    links = g.profile.nvlink_links
+    return dict(
+        nvlink_up={str(link): link not in g.nvlink_down for link in range(links)},
+        nvlink_errors={kind: int(g.health.nvlink_errors.get(kind, 0.0))
+                       for kind in ("crc_flit", "crc_data", "replay", "recovery", "ecc_data")},
+        nvlink_traffic_bytes={d: float(round(v / 1024) * 1024) for d, v in g.nvlink_bytes.items()},
+        nvlink_up_at_discovery={str(link): True for link in range(links)},
+        nvlink_remote={str(link): f"NVSwitch 00000000:{0x05 + link % 4:02X}:00.0" for link in range(links)},
     )
 
 

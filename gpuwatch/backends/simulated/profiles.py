@@ -68,6 +68,10 @@ class Profile:
     ecc: bool
     remapped_rows: bool
     retired_pages: bool
+    gpm: bool = False  # profiling metrics (Hopper and newer)
+    nvlink_links: int = 0  # NVLink links to the NVSwitches (HGX), 0 for PCIe cards
+    nvlink_gbps: float = 0.0  # GB/s per link and direction, as `nvidia-smi nvlink -s` shows it
+    fabric: bool = False  # NVSwitch fabric registration
 
     @property
     def features(self) -> dict[str, bool]:
@@ -89,6 +93,9 @@ class Profile:
             "temperature_margin": self.threshold_scale == "tlimit",
             "utilization": True,
             "xid_events": True,
+            "gpm": self.gpm,
+            "nvlink": self.nvlink_links > 0,
+            "fabric": self.fabric,
         }
         return {feature: supported[feature] for feature in FEATURES}
 
@@ -167,6 +174,11 @@ H200 = Profile(
     ecc=True,
     remapped_rows=True,
     retired_pages=False,
+    # HGX H200: 18 NVLinks at 26.562 GB/s to the NVSwitches, fabric registration Completed (the capture)
+    gpm=True,
+    nvlink_links=18,
+    nvlink_gbps=26.562,
+    fabric=True,
 )
 
 # A passively cooled 70 W Turing card: the one profile with page retirement (pre-Ampere GPUs

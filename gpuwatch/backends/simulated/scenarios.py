@@ -207,6 +207,27 @@ def scenarios() -> dict[str, Scenario]:
             "reset at 8 min; the replay rate over the 5-minute lookback falls below 8/min some 4 minutes later.",
             "h200", [Fault("pcie_replays", 0, 120, 480)],
             gpu=0, latency=110, end=480, recovery=240),
+        one("nvlink_link_down",
+            "HGX H200 GPU 2's NVLink link 5 (to an NVSwitch) goes down from 2 to 8 min under a burn job; "
+            "its 17 other links and the other GPUs' links stay up.",
+            "h200", [_burn(2, 0, 600), Fault("nvlink_down", 2, 120, 480)],
+            gpu=2, latency=30, end=480, recovery=30),
+        one("nvlink_errors_rising",
+            "HGX H200 GPU 1's NVLink throws 120 flit-CRC errors and 40 replays a minute from 2 to 8 min "
+            "(a marginal link); the error rate over the 5-minute lookback falls below the limits some "
+            "4 minutes later.",
+            "h200", [Fault("nvlink_crc_storm", 1, 120, 480)],
+            gpu=1, latency=90, end=480, recovery=300, duration=1200.0),
+        one("fabric_not_ready",
+            "nvidia-fabricmanager is not running at boot on an HGX H200 node: GPU 0's fabric registration "
+            "stays not started for 6 minutes, then the fabric manager is started and it completes.",
+            "h200", [Fault("fabric_manager_down", 0, 0, 360)],
+            gpu=0, latency=30, end=360, recovery=30, onset=0.0),
+        one("fabric_degraded",
+            "The NVSwitch fabric of an HGX H200 node reports degraded bandwidth for GPU 3 from 2 to 8 min "
+            "(a switch tray lost a port); the registration itself is fine.",
+            "h200", [Fault("fabric_degraded", 3, 120, 480)],
+            gpu=3, latency=30, end=480, recovery=30),
         one("allocated_idle",
             "RTX 6000 GPU 1 is held by a job that keeps 30 % of the frame buffer but computes nothing "
             "from 2 to 36 min (a notebook left open); the others run their normal jobs.",

@@ -1,0 +1,100 @@
+"""fabric: the GPU's registration with the NVSwitch fabric (HGX / DGX systems) and its health.
+
+The registration's status (success, or the error it completed with) is read too: the rule
+fabric_not_ready fires on an error status and its summary names it (no series of its own: the
+contract's series budget).
+
+Slow tier: nvmlDeviceGetGpuFabricInfoV (the v2 structure, with the health mask), falling back to
+nvmlDeviceGetGpuFabricInfo on older drivers. On an NVSwitch system the fabric manager registers
+every GPU at boot; until the state is "completed" with status success, CUDA fails with "system not
+yet initialized" (the classic HGX failure: nvidia-fabricmanager is not running). PCIe cards answer
+NOT_SUPPORTED (or the state NOT_SUPPORTED): feature 0, never called again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+
+STATES: Mapping[int, str] = {1: "not_started", 2: "in_progress", 3: "completed"}  # 0: not supported
+# health-mask fields (NVML_GPU_FABRIC_HEALTH_MASK_*): issue -> shift; 2 bits each, 1 = true, 2 = false,
+# 0 = not supported by this GPU or driver (absent)
+HEALTH: Mapping[str, int] = {"degraded_bandwidth": 0, "route_recovery": 2, "route_unhealthy": 4,
+                             "access_timeout_recovery": 6}
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    fabric_state: str | None = None  # not_started | in_progress | completed
+    fabric_status: str | None = None  # the registration's NVML status when completed: "success" or an error name
+    fabric_health: Mapping[str, bool] = field(default_factory=dict)  # issue -> present
+    fabric_cluster_uuid: str | None = None
+    fabric_clique_id: int | None = None
+
+
+def _uuid(raw: bytes) -> str:
+    h = raw.hex()
+    return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+class Nvml:
+    def __init__(self, dev: Device) -> None:
+        self.info = dev.first(dev.call("nvmlDeviceGetGpuFabricInfoV"), dev.call("nvmlDeviceGetGpuFabricInfo"))
+        if self.info is not None:
+            answer = dev.probe(self.info)
+            if answer is not None and answer.get("state") == 0:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+                self.info = None
+        dev.feature("fabric", self.info is not None)
+
+    def read_fast(self, q: Query) -> None:
+        return None
+
+    def read_slow(self, q: Query) -> Fabric:
+        info = q(self.info) if self.info is not None else None
+        if info is None:
+            return Fabric()
+        state = STATES.get(info["state"])
+        mask = info.get("health_mask")
+        health = {}
+        if mask is not None:
+            for issue, shift in HEALTH.items():
+                bits = (mask >> shift) & 0x3
+                if bits in (1, 2):
+                    health[issue] = bits == 1
+        return Fabric(state, info["status"] if state == "completed" else None, health,
+                      _uuid(info["cluster_uuid"]), int(info["clique_id"]))
+
+
+def render(emit: Emit, fast: None, slow: Fabric | None) -> None:
+    if slow is None or slow.fabric_state is None:
+        return
+    for state in STATES.values():
+        emit("gpuwatch_fabric_state", (state,), slow.fabric_state == state)
+    for issue, present in slow.fabric_health.items():
+        emit("gpuwatch_fabric_health_issue", (issue,), present)
+    if slow.fabric_cluster_uuid is not None:
+        emit("gpuwatch_fabric_info", (slow.fabric_cluster_uuid, str(slow.fabric_clique_id)), 1)
+
+
+GROUP = Group(
+    name="fabric",
+    help="NVSwitch fabric registration state and health (HGX/DGX; slow tier)",
+    features=("fabric",),
+    slow="fabric",
+    nvml=Nvml,
+    render=render,
+    specs=(
+        Spec("gpuwatch_fabric_state", "gauge", G + ("state",),
+             "1 for the GPU's current fabric registration state (not_started, in_progress, completed), 0 for the "
+             "others (nvmlDeviceGetGpuFabricInfoV state; 'Fabric State'). Not completed: CUDA fails with "
+             "'system not yet initialized' (is nvidia-fabricmanager running?)."),
+        Spec("gpuwatch_fabric_health_issue", "gauge", G + ("issue",),
+             "1 while the fabric reports the health issue (degraded_bandwidth, route_recovery, route_unhealthy, "
+             "access_timeout_recovery), 0 while not; absent where the driver does not report it "
+             "(nvmlDeviceGetGpuFabricInfoV healthMask; 'Fabric Health')."),
+        Spec("gpuwatch_fabric_info", "gauge", G + ("cluster_uuid", "clique_id"),
+             "Always 1: the fabric cluster and clique the GPU belongs to ('ClusterUUID', 'CliqueId')."),
+    ),
+)

@@ -1,0 +1,183 @@
+"""Interconnect rules: NVLink links and errors, and the NVSwitch fabric registration.
+
+All three read the slow tier (link states, error totals and the fabric state are read every slow
+poll), so they run at most every 10 s. A GPU that is down or stale returns "cannot tell".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpuwatch.model import Observation, SlowSample
+from gpuwatch.rules.base import History, Rule, RuleConfig, Window, needs
+from gpuwatch.rules.health import _up_state
+from gpuwatch.rules.thermal import gpu_label
+
+# ---------------------------------------------------------------------------------- links
+
+
+def _links_by_model(window: Window) -> dict[str, list[tuple[str, Mapping[str, bool]]]]:
+    """GPU model -> (uuid, link -> active) of the node's answering GPUs with NVLink readings."""
+    by_model: dict[str, list[tuple[str, Mapping[str, bool]]]] = {}
+    for state in window.latest.gpus:
+        slow = state.slow
+        if state.up and slow is not None and slow.nvlink.nvlink_up:
+            by_model.setdefault(state.identity.name, []).append((state.identity.uuid, slow.nvlink.nvlink_up))
+    return by_model
+
+
+def _nvlink_link_down(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    state = _up_state(window, uuid)
+    slow = None if state is None else state.slow
+    if state is None or slow is None or not slow.nvlink.nvlink_up:
+        return None
+    nv = slow.nvlink
+    up = nv.nvlink_up
+    # a link is expected up if it was active at discovery, or is active on every other GPU of the model
+    expected = {link for link, active in nv.nvlink_up_at_discovery.items() if active}
+    peers = [links for other, links in window.memo("nvlink_by_model", _links_by_model).get(state.identity.name, ())
+             if other != uuid]
+    if peers:
+        expected.update(link for link in up if all(p.get(link) for p in peers))
+    down = sorted((link for link in expected if up.get(link) is False), key=int)
+    active = sum(1 for v in up.values() if v)
+
+    def summary() -> str:
+        if not down:
+            return f"{gpu_label(window, uuid)} {active} of {len(up)} NVLink links active"
+        ends = "; ".join(f"link {link} to {nv.nvlink_remote.get(link, 'an unknown end')}" for link in down)
+        return (f"{gpu_label(window, uuid)} NVLink {'link' if len(down) == 1 else 'links'} "
+                f"{', '.join(down)} inactive ({ends}); {active} of {len(up)} active")
+
+    return Observation(bool(down), float(len(down)), 0.0, summary)
+
+
+# --------------------------------------------------------------------------------- errors
+
+_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+
+
+def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[str, int]]:
+    """(readings, seconds from the first to the last, increase per error kind) of the NVLink error
+    totals in the slow samples from ``lo`` on (a counter that went back: counted from 0)."""
+    points = [(t, s.nvlink.nvlink_errors) for t, s in history.items[lo:] if s.nvlink.nvlink_errors]
+    if len(points) < 2:
+        return len(points), 0.0, {}
+    increase = dict.fromkeys(_KINDS, 0)
+    for (_, before), (_, after) in zip(points, points[1:]):
+        for kind in _KINDS:
+            b, a = before.get(kind), after.get(kind)
+            if a is not None and b is not None:
+                increase[kind] += a - b if a >= b else a
+    return len(points), points[-1][0] - points[0][0], increase
+
+
+def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = None if _up_state(window, uuid) is None else window.slow(uuid)
+    if slow is None or not slow.nvlink.nvlink_errors:
+        return None
+    lookback = config["lookback_seconds"]
+    readings, span, increase = window.slow_history(uuid).derive(_increases, _increases, window.since(lookback))
+    if readings < 2 or span < lookback / 5:
+        return None
+    per_minute = {kind: n / span * 60.0 for kind, n in increase.items()}
+    crc = per_minute["crc_flit"] + per_minute["crc_data"]
+    # each rate against its own limit; recovery (a link retrained) weighs most: its limit is the lowest
+    score = max(crc / config["crc_per_minute"], per_minute["replay"] / config["replay_per_minute"],
+                per_minute["recovery"] / config["recovery_per_minute"])
+
+    def summary() -> str:
+        rising = ", ".join(f"{kind} {rate:.1f}/min" for kind, rate in per_minute.items() if rate > 0) or "none"
+        return f"{gpu_label(window, uuid)} NVLink errors over the last {span / 60:.0f} min: {rising}"
+
+    return Observation(score >= 1.0, score, 1.0, summary)
+
+
+# --------------------------------------------------------------------------------- fabric
+
+
+def _fabric_not_ready(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = None if _up_state(window, uuid) is None else window.slow(uuid)
+    if slow is None or slow.fabric.fabric_state is None:
+        return None
+    fabric = slow.fabric
+    failed = fabric.fabric_state == "completed" and fabric.fabric_status not in (None, "success")
+    ready = fabric.fabric_state == "completed" and not failed
+
+    def summary() -> str:
+        if failed:
+            return (f"{gpu_label(window, uuid)} fabric registration completed with error {fabric.fabric_status}: "
+                    "CUDA cannot use the NVLink fabric; check nvidia-fabricmanager's log")
+        if not ready:
+            return (f"{gpu_label(window, uuid)} fabric registration {str(fabric.fabric_state).replace('_', ' ')}: "
+                    "CUDA fails with 'system not yet initialized'; is nvidia-fabricmanager running?")
+        return f"{gpu_label(window, uuid)} fabric registration completed"
+
+    return Observation(not ready, 0.0 if ready else 1.0, 0.0, summary)
+
+
+def _fabric_degraded(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = None if _up_state(window, uuid) is None else window.slow(uuid)
+    if slow is None or slow.fabric.fabric_state is None:
+        return None
+    issues = sorted(issue for issue, present in slow.fabric.fabric_health.items() if present)
+    return Observation(bool(issues), float(len(issues)), 0.0,
+                       lambda: f"{gpu_label(window, uuid)} fabric health: "
+                               f"{', '.join(i.replace('_', ' ') for i in issues) or 'no issue reported'}")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="nvlink_link_down",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=30.0,
+        clear_seconds=60.0,
+        every_seconds=10.0,
+        condition="An NVLink link that was active when gpuwatch discovered the GPU, or that is active on every "
+                  "other GPU of the same model, is inactive; the summary names the link and its other end.",
+        evaluate=_nvlink_link_down,
+        applies=needs("nvlink"),
+    ),
+    Rule(
+        id="nvlink_errors_rising",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=120.0,
+        clear_seconds=300.0,
+        every_seconds=10.0,
+        condition="The NVLink error totals grow over the lookback faster than crc_per_minute (flit + data CRC), "
+                  "replay_per_minute or recovery_per_minute (a link retrained: the lowest limit); a single "
+                  "replay never fires.",
+        evaluate=_nvlink_errors_rising,
+        params={"lookback_seconds": 300.0, "crc_per_minute": 10.0, "replay_per_minute": 10.0,
+                "recovery_per_minute": 1.0},
+        applies=needs("nvlink"),
+        lookback={"lookback_seconds": "slow"},
+    ),
+    Rule(
+        id="fabric_not_ready",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=120.0,
+        clear_seconds=30.0,
+        every_seconds=10.0,
+        condition="On a GPU that registers with an NVSwitch fabric, the registration is not completed for the "
+                  "hold time (the grace period after boot), or completed with an error status: the fabric "
+                  "manager is down or failed, and CUDA reports 'system not yet initialized'.",
+        evaluate=_fabric_not_ready,
+        applies=needs("fabric"),
+    ),
+    Rule(
+        id="fabric_degraded",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=60.0,
+        clear_seconds=60.0,
+        every_seconds=10.0,
+        condition="The fabric reports a health issue (degraded bandwidth, route recovery, unhealthy route, "
+                  "access-timeout recovery) while the registration itself is fine.",
+        evaluate=_fabric_degraded,
+        applies=needs("fabric"),
+    ),
+)

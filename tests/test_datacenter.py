@@ -1,0 +1,193 @@
+"""Data-center depth through the real process, the real pynvml binding and the fake library: GPM
+profiling metrics, NVLink, the NVSwitch fabric; and that GPUs without them make no such calls."""
+
+import fakenvml
+import pytest
+from daemon import Daemon, fake_env, wait_for
+
+MIB = 1024 * 1024
+# a GPU under load: NVML_GPM_METRIC_* id -> value (%, PCIe MiB/s)
+BUSY_GPM = {1: 99.0, 2: 87.5, 3: 41.25, 4: 9.0, 5: 63.0, 10: 55.5, 11: 0.0, 12: 22.0, 13: 4.0, 20: 1024.0,
+            21: 2048.0}
+
+
+@pytest.fixture()
+def start(tmp_path):
+    daemons = []
+
+    def start(node, old_driver=False, args=None):
+        fx = fakenvml.prepare(tmp_path, node, old_driver=old_driver)
+        daemon = Daemon(tmp_path, fake_env(fx), args)
+        daemon.fx = fx
+        daemons.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in daemons:
+        daemon.stop()
+
+
+def labels(node, i, **extra):
+    return dict(gpu=str(i), uuid=node.gpus[i].uuid, **extra)
+
+
+def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
+    node = fakenvml.FakeNode.h200(2)
+    busy = node.gpus[0]
+    busy.gpm = dict(BUSY_GPM)
+    busy.nvlink_errors["replay"][3] = 5
+    busy.nvlink_errors["replay"][7] = 2
+    busy.nvlink_errors["crc_flit"][0] = 11
+    busy.nvlink_errors["recovery"][17] = 1
+    d = start(node, args=["--collector.gpm.detail"])
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    g0 = labels(node, 0)
+    # GPM ratios: the fake's values over every pair of samples, as fractions
+    assert d.value("gpuwatch_sm_active_ratio", **g0) == pytest.approx(0.875)
+    assert d.value("gpuwatch_sm_occupancy_ratio", **g0) == pytest.approx(0.4125)
+    assert d.value("gpuwatch_graphics_engine_active_ratio", **g0) == pytest.approx(0.99)
+    assert d.value("gpuwatch_dram_bandwidth_ratio", **g0) == pytest.approx(0.555)
+    pipes = {"tensor": 0.63, "fp64": 0.0, "fp32": 0.22, "fp16": 0.04, "integer": 0.09}
+    for pipe, ratio in pipes.items():
+        assert d.value("gpuwatch_pipe_active_ratio", **labels(node, 0, pipe=pipe)) == pytest.approx(ratio), pipe
+    assert d.value("gpuwatch_sm_active_ratio", **labels(node, 1)) == 0  # idle, not absent
+    # PCIe bytes integrated from the rates: rx at twice tx's rate over the same intervals, growing
+    tx = d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx"))
+    rx = d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="rx"))
+    assert tx > 0 and rx == pytest.approx(2 * tx, rel=1e-9)
+    wait_for(lambda: d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx")) > tx,
+             what="the PCIe counter to grow")
+    # NVLink: 18 links active, the driver's totals, traffic in bytes
+    assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 18
+    assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="inactive")) == 0
+    errors = {"replay": 7, "crc_flit": 11, "recovery": 1, "crc_data": 0, "ecc_data": 0}
+    for error, count in errors.items():
+        assert d.value("gpuwatch_nvlink_errors_total", **labels(node, 0, error=error)) == count, error
+    assert d.value("gpuwatch_nvlink_traffic_bytes_total", **labels(node, 0, direction="tx")) == \
+        busy.nvlink_traffic_kib[0] * 1024
+    assert d.value("gpuwatch_nvlink_link_up", **labels(node, 0, link="0")) is None  # per-link is opt-in
+    # fabric: registration completed, successfully; the capture's health N/A is absent
+    for state, value in (("completed", 1), ("in_progress", 0), ("not_started", 0)):
+        assert d.value("gpuwatch_fabric_state", **labels(node, 1, state=state)) == value
+    m = d.metrics()
+    assert not [k for k in m if k[0] == "gpuwatch_fabric_health_issue"]
+    info = [dict(k[1]) for k in m if k[0] == "gpuwatch_fabric_info"]
+    assert {(i["cluster_uuid"], i["clique_id"]) for i in info} == {("00000000-0000-0000-0000-000000000000", "0")}
+    for feature in ("gpm", "nvlink", "fabric"):
+        assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == 1
+    # GPM costs 2 calls per GPU and fast poll (one sample, one metrics get), the probe took the first sample
+    d.stop()
+    counts = d.fx.counts()
+    polls = counts["nvmlDeviceGetTemperatureV"]  # once per GPU at discovery and per fast poll
+    assert abs(counts["nvmlGpmSampleGet"] - polls) <= 2
+    assert abs(counts["nvmlGpmMetricsGet"] - (polls - 2)) <= 2
+    assert counts["nvmlGpmSampleAlloc"] == 4  # two per GPU, once
+    assert counts["nvmlGpmSampleFree"] == 4  # freed before NVML shut down
+
+
+def test_pcie_cards_have_no_gpm_nvlink_or_fabric_and_are_not_asked_again(start):
+    node = fakenvml.FakeNode.l40s(2)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    for feature in ("gpm", "nvlink", "fabric"):
+        assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == 0, feature
+    m = d.metrics()
+    gone = ("gpuwatch_sm_active_ratio", "gpuwatch_pcie_traffic_bytes_total", "gpuwatch_nvlink_links",
+            "gpuwatch_nvlink_errors_total", "gpuwatch_fabric_state", "gpuwatch_fabric_info")
+    assert not [k for k in m if k[0] in gone]
+    at_discovery = d.fx.counts()
+    wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= at_discovery["nvmlDeviceGetTemperatureV"] + 6,
+             what="three more polls")
+    d.stop()
+    counts = d.fx.counts()
+    assert counts.get("nvmlGpmSampleGet", 0) == 0 and counts.get("nvmlGpmMetricsGet", 0) == 0
+    assert counts["nvmlGpmQueryDeviceSupport"] == 2  # probed once per GPU
+    assert counts["nvmlDeviceGetGpuFabricInfoV"] == 2 and counts["nvmlDeviceGetGpuFabricInfo"] == 2
+
+
+def test_gpm_defaults_stay_within_the_series_budget(start):
+    """At defaults GPM exports SM activity, the tensor pipe, DRAM and PCIe (what dcgm-exporter has on by
+    default, plus SM activity); occupancy, the graphics engine and the FP/integer pipes need
+    --collector.gpm.detail."""
+    node = fakenvml.FakeNode.h200(1)
+    node.gpus[0].gpm = dict(BUSY_GPM)
+    d = start(node)
+    d.wait_value("gpuwatch_sm_active_ratio", 0.875, **labels(node, 0))
+    assert d.value("gpuwatch_pipe_active_ratio", **labels(node, 0, pipe="tensor")) == pytest.approx(0.63)
+    assert d.value("gpuwatch_dram_bandwidth_ratio", **labels(node, 0)) == pytest.approx(0.555)
+    m = d.metrics()
+    assert not [k for k in m if k[0] in ("gpuwatch_sm_occupancy_ratio", "gpuwatch_graphics_engine_active_ratio")]
+    assert {dict(k[1])["pipe"] for k in m if k[0] == "gpuwatch_pipe_active_ratio"} == {"tensor"}
+
+
+def test_link_down_per_link_detail_and_a_failing_gpm_metric(start):
+    node = fakenvml.FakeNode.h200(1)
+    g = node.gpus[0]
+    g.gpm = dict(BUSY_GPM)
+    del g.gpm[3]  # the GPU does not report occupancy: that metric alone is absent
+    g.nvlink_errors["replay"][3] = 4
+    d = start(node, args=["--collector.nvlink.per-link", "--collector.gpm.detail"])
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    assert d.value("gpuwatch_nvlink_link_up", **labels(node, 0, link="5")) == 1
+    assert d.value("gpuwatch_nvlink_link_errors_total", **labels(node, 0, link="3", error="replay")) == 4
+    assert d.value("gpuwatch_nvlink_link_errors_total", **labels(node, 0, link="17", error="crc_flit")) == 0
+    assert d.value("gpuwatch_sm_occupancy_ratio", **labels(node, 0)) is None
+    assert d.value("gpuwatch_graphics_engine_active_ratio", **labels(node, 0)) == pytest.approx(0.99)
+    assert d.value("gpuwatch_sm_active_ratio", **labels(node, 0)) == pytest.approx(0.875)
+    g.nvlink_states[5] = 0
+    d.fx.write(node)
+    d.wait_value("gpuwatch_nvlink_link_up", 0, **labels(node, 0, link="5"))
+    assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="inactive")) == 1
+    assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 17
+
+
+def test_fabric_states_status_and_health(start, tmp_path):
+    node = fakenvml.FakeNode.h200(1)
+    g = node.gpus[0]
+    g.fabric = (1, 0, 0, 0)  # NOT_STARTED: the fabric manager has not registered the GPU
+    config = tmp_path / "gpuwatch.yml"
+    config.write_text("rules: {fabric_not_ready: {hold: 0}, fabric_degraded: {hold: 0}}\n")
+    d = start(node, args=["--config", str(config)])
+    d.wait_value("gpuwatch_fabric_state", 1, **labels(node, 0, state="not_started"))
+    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 0
+    d.wait_value("gpuwatch_anomaly", 1, rule="fabric_not_ready", severity="critical", **labels(node, 0))
+    degraded_true, unhealthy_false = 1 << 0, 2 << 4
+    g.fabric = (3, 999, 7, degraded_true | unhealthy_false)  # completed with NVML_ERROR_UNKNOWN
+    g.fabric_cluster_uuid = "0123456789abcdef0123456789abcdef"
+    d.fx.write(node)
+    d.wait_value("gpuwatch_fabric_state", 1, **labels(node, 0, state="completed"))
+    # completed with an error: still not ready, and the summary says which error
+    wait_for(lambda: any(e["event"] == "anomaly_started" and e["rule"] == "fabric_degraded" for e in d.events()),
+             what="fabric_degraded")
+    assert d.value("gpuwatch_anomaly", rule="fabric_not_ready", severity="critical", **labels(node, 0)) == 1
+    started = [e for e in d.events() if e["event"] == "anomaly_started" and e["rule"] == "fabric_not_ready"]
+    assert len(started) == 1 and "not started" in started[0]["summary"]
+    status = d.get("/api/v1/status")[1]
+    assert "completed with error unknown" in status, status
+    assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="degraded_bandwidth")) == 1
+    assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="route_unhealthy")) == 0
+    assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="route_recovery")) is None
+    assert d.value("gpuwatch_fabric_info", **labels(node, 0, cluster_uuid="01234567-89ab-cdef-0123-456789abcdef",
+                                                   clique_id="7")) == 1
+
+
+def test_old_driver_without_gpm_and_versioned_fabric_call(start):
+    node = fakenvml.FakeNode.h200(1)
+    d = start(node, old_driver=True)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="gpm")) == 0
+    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 1  # GetGpuFabricInfo
+    assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="degraded_bandwidth")) is None
+    assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 18
+    assert d.value("gpuwatch_poll_errors_total", tier="fast", error="function_not_found") is None
+
+
+def test_switched_off_groups_make_no_calls(start):
+    node = fakenvml.FakeNode.h200(1)
+    d = start(node, args=["--no-collector.gpm", "--no-collector.fabric", "--no-collector.nvlink"])
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    d.stop()
+    counts = d.fx.counts()
+    for name in ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
+                 "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"):
+        assert counts.get(name, 0) == 0, name
