@@ -1,7 +1,7 @@
 """gpuwatch beside nvitop-exporter: whole processes, the same fake node, one run.
 
-    .venv/bin/python bench/bench.py            # 8 and 64 GPUs, both cadences, both exporters (~25 min)
-    .venv/bin/python bench/bench.py --quick    # the same, shorter windows (~6 min)
+    .venv/bin/python bench/bench.py            # 8 and 64 GPUs, both cadences, both exporters (~45 min)
+    .venv/bin/python bench/bench.py --quick    # the same, shorter windows (~17 min)
     .venv/bin/python bench/bench.py --gpus 8 --only gpuwatch
 
 Each exporter is installed by the benchmark into a virtual environment of its own under bench/out/
