@@ -82,7 +82,8 @@ class Attributor:
             cgroup = (base / "cgroup").read_text()
             status = (base / "status").read_text()
         except OSError:  # another PID namespace, exited, or hidden (ProtectProc=invisible)
-            return ProcessInfo(process.pid, process.used_memory_bytes, "", "unknown", "")
+            return ProcessInfo(process.pid, process.used_memory_bytes, "", "unknown", "",
+                               gpu_instance=process.gpu_instance)
         scheduler, job_id, container = parse_cgroup(cgroup)
         user = ""
         for line in status.splitlines():
@@ -91,7 +92,8 @@ class Attributor:
                 if len(fields) > 1 and fields[1].isdigit():
                     user = self._user_name(int(fields[1]))
                 break
-        return ProcessInfo(process.pid, process.used_memory_bytes, user, scheduler, job_id, container)
+        return ProcessInfo(process.pid, process.used_memory_bytes, user, scheduler, job_id, container,
+                           process.gpu_instance)
 
     def attribute(self, identity: GpuIdentity, processes: Iterable[GpuProcess] | None) -> tuple[ProcessInfo, ...]:
         infos = [self._one(p) for p in processes or ()]

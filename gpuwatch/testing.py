@@ -82,7 +82,6 @@ def slow_sample(**overrides: Any) -> SlowSample:
         power_limit_watts={"enforced": 700.0, "default": 700.0, "min": 200.0, "max": 700.0},
         clock_hertz={"video": 765e6},
         clock_max_hertz={"graphics": 1980e6, "sm": 1980e6, "memory": 3201e6, "video": 1545e6},
-        utilization_ratio={"encoder": 0.0, "decoder": 0.0},
         ecc_errors={("corrected", "volatile"): 0, ("uncorrected", "volatile"): 0,
                     ("corrected", "aggregate"): 0, ("uncorrected", "aggregate"): 0},
         remapped_rows={"correctable": 0, "uncorrectable": 0},

@@ -36,6 +36,7 @@ FEATURE_SERIES = {
     "gpm": ("gpuwatch_sm_active_ratio", {}),
     "nvlink": ("gpuwatch_nvlink_links", {"state": "active"}),
     "fabric": ("gpuwatch_fabric_state", {"state": "completed"}),
+    "mig": ("gpuwatch_mig_instance_info", {}),
 }
 # Every GPU of every backend has these.
 ALWAYS = ("gpuwatch_gpu_info", "gpuwatch_gpu_up", "gpuwatch_temperature_celsius", "gpuwatch_clock_hertz",

@@ -686,6 +686,8 @@ def test_jobs_panels_show_the_jobs(stack):
     slurm_a, slurm_b, unknown = ("slurm", "4242", "54321"), ("slurm", "4343", "54322"), ("unknown", "", "")
     utilization = by_job("GPU utilization per job")
     assert utilization[slurm_a] == 0 and utilization[slurm_b] == pytest.approx(0.85)
+    sm_active = by_job("SM activity per job")  # GPM: GPU 1 computes at 70 % of its SMs, GPU 0 not at all
+    assert sm_active[slurm_a] == 0 and sm_active[slurm_b] == pytest.approx(0.70)
     # GPU 1's power and GPU-hours are split between its two holders
     power = by_job("Power per job")
     assert power[slurm_a] > 0 and power[slurm_b] > 0 and power[slurm_b] == pytest.approx(power[unknown])

@@ -191,3 +191,61 @@ def test_switched_off_groups_make_no_calls(start):
     for name in ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
                  "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"):
         assert counts.get(name, 0) == 0, name
+
+
+SLURM_CGROUP = "0::/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0\n"
+
+
+def test_mig_node_shows_its_instances_memory_activity_and_jobs(start, tmp_path):
+    """An H100 in MIG mode with the capture's four instances: each with its profile, frame buffer and SM
+    activity, the job on one of them; the parent's utilization and remapped rows are not supported there
+    (absent, feature 0, no error counted); an instance destroyed goes away with the next slow poll."""
+    node = fakenvml.FakeNode.h100_mig(1)
+    g = node.gpus[0]
+    g.mig_devices[0].gpm = {2: 50.0, 5: 30.0, 10: 20.0}
+    g.mig_devices[0].used = 12 * 2**30
+    g.add_process(4100, 12 * 2**30, mig=(2, 0))  # on GPU instance 2, the 3g.40gb
+    proc = tmp_path / "proc" / "4100"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(SLURM_CGROUP.format("777"))
+    (proc / "status").write_text("Name:\tpython\nUid:\t54321\t54321\t54321\t54321\n")
+    d = start(node, args=["--attribution.proc-root", str(tmp_path / "proc")])
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    gpu = labels(node, 0)
+    m = d.metrics()
+    info = sorted((l["gpu_instance"], l["compute_instance"], l["profile"], l["mig_uuid"])
+                  for k in m if k[0] == "gpuwatch_mig_instance_info" for l in [dict(k[1])])
+    assert info == sorted((str(x.gpu_instance), "0", x.name.rsplit(" ", 1)[1], x.uuid) for x in g.mig_devices.values())
+    assert [p for _, _, p, _ in sorted(info, key=lambda i: int(i[0]))] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert d.value("gpuwatch_mig_memory_total_bytes", **gpu, gpu_instance="2") == 40448 * MIB
+    assert d.value("gpuwatch_mig_memory_used_bytes", **gpu, gpu_instance="2") == 12 * 2**30
+    d.wait_value("gpuwatch_mig_sm_active_ratio", 0.5, **gpu, gpu_instance="2")
+    assert d.value("gpuwatch_mig_pipe_active_ratio", **gpu, gpu_instance="2", pipe="tensor") == pytest.approx(0.3)
+    assert d.value("gpuwatch_mig_dram_bandwidth_ratio", **gpu, gpu_instance="2") == pytest.approx(0.2)
+    assert d.value("gpuwatch_mig_sm_active_ratio", **gpu, gpu_instance="9") == 0
+    assert d.value("gpuwatch_mig_job_info", **gpu, gpu_instance="2", scheduler="slurm", job_id="777",
+                   user="54321") == 1
+    for feature, supported in (("mig", 1), ("utilization", 0), ("remapped_rows", 0), ("gpm", 0)):
+        assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == supported, feature
+    assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is None
+    assert not [k for k in d.metrics() if k[0] == "gpuwatch_poll_errors_total"]
+    assert d.value("gpuwatch_collector_success", group="mig") == 1
+    # an instance is destroyed (nvidia-smi mig -dci / -dgi): gone from the next enumeration
+    del g.mig_devices[3]
+    d.fx.write(node)
+    wait_for(lambda: len([k for k in d.metrics() if k[0] == "gpuwatch_mig_instance_info"]) == 3,
+             what="the next enumeration without the destroyed instance")
+    assert d.value("gpuwatch_mig_memory_total_bytes", **gpu, gpu_instance="10") is None
+    assert d.value("gpuwatch_mig_memory_total_bytes", **gpu, gpu_instance="9") == 9984 * MIB
+
+
+def test_gpus_without_mig_make_no_mig_calls_after_discovery(start):
+    node = fakenvml.FakeNode.h200(1)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="mig")) == 0
+    d.stop()
+    counts = d.fx.counts()
+    assert counts["nvmlDeviceGetMigMode"] == 1
+    for name in ("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlGpmMigSampleGet"):
+        assert counts.get(name, 0) == 0, name

@@ -221,7 +221,7 @@ def test_idle_and_busy_states_look_like_the_captures():
     assert busy_slow.pcie.pcie_link_width == {"current": 16, "max": 16}
     assert busy.memory.memory_used_bytes > 10 * 1024**3
     assert 0 < busy.utilization.utilization_ratio["memory"] < busy.utilization.utilization_ratio["gpu"]
-    assert busy_slow.utilization.utilization_ratio == {"encoder": 0.0, "decoder": 0.0}
+    assert busy_slow.utilization.utilization_ratio == {}  # encoder/decoder: --collector.utilization.video
     for sample in (idle, busy):
         assert sample.memory.memory_total_bytes == 46068 * 1024**2
         assert (
@@ -301,11 +301,12 @@ def _present(feature: str, fast: FastSample, slow: SlowSample) -> bool:
         "temperature_margin": fast.thermal.temperature_margin_celsius is not None
         and bool(slow.thermal.temperature_margin_threshold_celsius),
         "utilization": set(fast.utilization.utilization_ratio) == {"gpu", "memory"}
-        and set(slow.utilization.utilization_ratio) == {"encoder", "decoder"},
+        and not slow.utilization.utilization_ratio,  # encoder/decoder only with --collector.utilization.video
         "gpm": fast.gpm.sm_active_ratio is not None and set(fast.gpm.pipe_active_ratio) == {"tensor"}
         and fast.gpm.dram_bandwidth_ratio is not None and set(fast.gpm.pcie_traffic_bytes) == {"tx", "rx"},
         "nvlink": bool(slow.nvlink.nvlink_up) and bool(slow.nvlink.nvlink_errors),
         "fabric": slow.fabric.fabric_state is not None,
+        "mig": bool(fast.mig) and bool(slow.mig) and all(r.sm_active_ratio is not None for r in fast.mig),
     }[feature]
 
 

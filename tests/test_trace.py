@@ -15,6 +15,7 @@ from gpuwatch.backends.replay import ReplayBackend
 from gpuwatch.backends.simulated import Fault, SimulatedBackend
 from gpuwatch.clock import FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost, ReplayFormatError
+from gpuwatch.groups.mig import MigInstance, MigReading
 from gpuwatch.model import (
     DiscoveredGpu,
     DriverInfo,
@@ -81,6 +82,7 @@ def full_fast_sample():
         energy_joules=123456789.000001,
         memory_used_bytes=2**40 + 1,
         clocks_event_active={"gpu_idle": False, "hw_slowdown": True},
+        mig=(MigReading(2, 40448 * 2**20, 26 * 2**20, 0.5, 0.2, 0.3), MigReading(9)),
         errors=("timeout", "unknown"),
     )
 
@@ -96,9 +98,11 @@ def full_slow_sample():
         retired_pages_pending=False,
         processes=(GpuProcess(pid=4242, used_memory_bytes=2 * 2**30), GpuProcess(pid=4243)),
         pcie_replays=7,
+        utilization_ratio={"encoder": 0.0, "decoder": 0.25},
         nvlink_link_errors={("3", "replay"): 4, ("17", "crc_flit"): 0},
         nvlink_per_link=True,
         fabric_health={"degraded_bandwidth": True, "route_unhealthy": False},
+        mig=(MigInstance(2, 0, "MIG-6f7d2b7c-0a4d-5c1e-9a55-3f1b2c4d5e6f", "3g.40gb"), MigInstance(9)),
         errors=("gpu_is_lost",),
     )
 

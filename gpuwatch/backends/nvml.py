@@ -268,8 +268,10 @@ class _GpmPair:
     second call on, returns ({metric id: value} of the metrics whose own return code is SUCCESS,
     seconds between the two samples). The first call returns None (no interval yet)."""
 
-    def __init__(self, handle: Any, metric_ids: tuple[int, ...]) -> None:
+    def __init__(self, handle: Any, metric_ids: tuple[int, ...], gpu_instance: int | None = None) -> None:
+        """``gpu_instance``: sample that GPU instance of a MIG-enabled GPU (nvmlGpmMigSampleGet)."""
         self._handle = handle
+        self._gi = None if gpu_instance is None else ctypes.c_uint(gpu_instance)
         self._ids = metric_ids
         self._samples: list[Any] | None = None
         self._next = 0
@@ -289,7 +291,8 @@ class _GpmPair:
 
     def __call__(self) -> tuple[dict[int, float], float] | None:
         if self._samples is None:  # resolved here, inside the funnel's error handling (an old driver lacks them)
-            self._sample_get = N._nvmlGetFunctionPointer("nvmlGpmSampleGet")
+            self._sample_get = N._nvmlGetFunctionPointer(
+                "nvmlGpmSampleGet" if self._gi is None else "nvmlGpmMigSampleGet")
             self._metrics_get = N._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
             first = N.nvmlGpmSampleAlloc()
             try:
@@ -298,7 +301,8 @@ class _GpmPair:
                 N.nvmlGpmSampleFree(first)
                 raise
         current = self._samples[self._next]
-        ret = self._sample_get(self._handle, current)
+        ret = (self._sample_get(self._handle, current) if self._gi is None
+               else self._sample_get(self._handle, self._gi, current))
         if ret:
             raise N.NVMLError(ret)
         now, before = time.monotonic(), self._taken
@@ -323,10 +327,84 @@ class _GpmPair:
                 pass
 
 
+class _MigDevices:
+    """The MIG devices of one MIG-enabled GPU, for the mig group (``dev.call("gpuwatch.mig", metric
+    ids)``). ``instances`` enumerates them (slow tier: MIG handles go invalid when an instance is
+    destroyed, so they are looked up again each time) and ``readings`` reads each one (fast tier):
+    its frame buffer (nvmlDeviceGetMemoryInfo on the MIG handle) and its GPM metrics over the last
+    interval (nvmlGpmMigSampleGet on the parent with the GPU instance id, a sample pair per instance).
+    An instance that went away since the enumeration is left out of the readings."""
+
+    def __init__(self, handle: Any, metric_ids: tuple[int, ...]) -> None:
+        self._handle = handle
+        self._ids = metric_ids
+        self._devices: list[tuple[int, int, Any]] = []  # (gpu instance, compute instance, MIG handle)
+        self._gpm: dict[int, _GpmPair] = {}  # gpu instance -> its sample pair
+        self.gpm = bool(metric_ids) and hasattr(N, "c_nvmlGpmMetricsGet_t")
+        self.instances = self._instances
+        self.readings = self._readings
+
+    def _instances(self) -> tuple[dict[str, Any], ...]:
+        count = N.nvmlDeviceGetMaxMigDeviceCount(self._handle)
+        found, devices = [], []
+        for index in range(count):
+            try:
+                mig = N.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, index)
+            except N.NVMLError as exc:
+                if exc.value == N.NVML_ERROR_NOT_FOUND:  # an empty slot
+                    continue
+                raise
+            gi, ci = N.nvmlDeviceGetGpuInstanceId(mig), N.nvmlDeviceGetComputeInstanceId(mig)
+            name = _Texts().call("mig_name", N.nvmlDeviceGetName, mig)
+            found.append({"gpu_instance": int(gi), "compute_instance": int(ci),
+                          "mig_uuid": _Texts().call("mig_uuid", N.nvmlDeviceGetUUID, mig),
+                          "profile": name.rsplit("MIG ", 1)[-1] if "MIG " in name else name})
+            devices.append((int(gi), int(ci), mig))
+        self._devices = devices
+        for gi in set(self._gpm) - {gi for gi, _, _ in devices}:  # destroyed instances
+            self._gpm.pop(gi).free()
+        return tuple(found)
+
+    def _readings(self) -> tuple[dict[str, Any], ...]:
+        out = []
+        for gi, _ci, mig in self._devices:
+            try:
+                memory = N.nvmlDeviceGetMemoryInfo(mig)
+            except N.NVMLError as exc:
+                if exc.value in (N.NVML_ERROR_INVALID_ARGUMENT, N.NVML_ERROR_NOT_FOUND):
+                    continue  # destroyed since the enumeration: the next one drops it
+                raise
+            reading: dict[str, Any] = {"gpu_instance": gi, "memory_total": int(memory.total),
+                                       "memory_used": int(memory.used), "gpm": None}
+            if self.gpm:
+                pair = self._gpm.get(gi)
+                if pair is None:
+                    pair = self._gpm[gi] = _GpmPair(self._handle, self._ids, gi)
+                try:
+                    got = pair()
+                except N.NVMLError as exc:
+                    if exc.value not in _UNSUPPORTED and exc.value != N.NVML_ERROR_NOT_FOUND:
+                        raise
+                    got = None
+                    if exc.value in _UNSUPPORTED:
+                        self.gpm = False  # this driver has no per-instance GPM: stop asking
+                reading["gpm"] = None if got is None else got[0]
+            out.append(reading)
+        return tuple(out)
+
+    def free(self) -> None:
+        for pair in self._gpm.values():
+            pair.free()
+        self._gpm = {}
+
+
 def _stateful(function: str, handle: Any, args: tuple[Any, ...]) -> Any:
-    """The funnel's calls that keep state between polls (GPM's sample pair); None for the others."""
+    """The funnel's calls that keep state between polls (GPM's sample pair, MIG devices); None for
+    the others."""
     if function == "nvmlGpmMetricsGet":
         return _GpmPair(handle, tuple(args[0])) if hasattr(N, "c_nvmlGpmMetricsGet_t") else None
+    if function == "gpuwatch.mig":
+        return _MigDevices(handle, tuple(args[0]) if args else ())
     return None
 
 

@@ -24,6 +24,7 @@ from gpuwatch.groups import (
     fans,
     gpm,
     memory,
+    mig,
     nvlink,
     pcie,
     power,
@@ -39,6 +40,7 @@ from gpuwatch.groups.fabric import Fabric
 from gpuwatch.groups.fans import FanReading
 from gpuwatch.groups.gpm import Gpm
 from gpuwatch.groups.memory import Memory
+from gpuwatch.groups.mig import MigInstance, MigReading
 from gpuwatch.groups.nvlink import NvLink
 from gpuwatch.groups.pcie import Pcie
 from gpuwatch.groups.power import Power, PowerLimits
@@ -48,7 +50,7 @@ from gpuwatch.groups.utilization import Utilization
 
 GROUPS: tuple[Group, ...] = (
     thermal.GROUP, fans.GROUP, power.GROUP, clocks.GROUP, utilization.GROUP, memory.GROUP,
-    ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP, gpm.GROUP, nvlink.GROUP, fabric.GROUP,
+    ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP, gpm.GROUP, nvlink.GROUP, fabric.GROUP, mig.GROUP,
 )
 BY_NAME: Mapping[str, Group] = {g.name: g for g in GROUPS}
 DEFAULT_ENABLED: frozenset[str] = frozenset(g.name for g in GROUPS if g.default)
@@ -75,6 +77,7 @@ class FastSample:
     utilization: Utilization = Utilization()
     memory: Memory = Memory()
     gpm: Gpm = Gpm()
+    mig: tuple[MigReading, ...] = ()  # per MIG instance, on MIG-enabled GPUs
     # Lowercase NVML error names of queries that failed in this poll (not NOT_SUPPORTED probes).
     errors: tuple[str, ...] = ()
     # (group, seconds, succeeded) of each group read for this sample: gpuwatch_collector_*
@@ -94,6 +97,7 @@ class SlowSample:
     processes: tuple[GpuProcess, ...] | None = None  # None: not read (unsupported or not collected)
     nvlink: NvLink = NvLink()
     fabric: Fabric = Fabric()
+    mig: tuple[MigInstance, ...] = ()  # the MIG devices, on MIG-enabled GPUs
     errors: tuple[str, ...] = ()
     collected: tuple[tuple[str, float, bool], ...] = ()
 

@@ -21,6 +21,7 @@ class GpuProcess:
 
     pid: int
     used_memory_bytes: int | None = None  # None: NVML cannot tell (e.g. Windows WDDM)
+    gpu_instance: int | None = None  # the MIG GPU instance it runs on (None: not on MIG, or not told)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class ProcessInfo:
     scheduler: str  # slurm | kubernetes | systemd | none | unknown (PID not visible: another PID namespace, exited)
     job_id: str  # Slurm job id, pod UID, systemd unit, or ""
     container: str = ""  # Kubernetes container id, where known
+    gpu_instance: int | None = None  # the MIG GPU instance it runs on
 
 
 class Nvml:
@@ -47,8 +49,16 @@ class Nvml:
         listed = q(self.list) if self.list is not None else None
         if listed is None:
             return None
-        return tuple(GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+        return tuple(GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                                _instance(getattr(p, "gpuInstanceId", None)))
                      for p in listed)
+
+
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+def _instance(gi: Any) -> int | None:
+    return None if gi is None or int(gi) == _NO_INSTANCE else int(gi)
 
 
 def select(state: Any, fast: Any, slow: Any) -> tuple[Any, Any]:
@@ -58,13 +68,18 @@ def select(state: Any, fast: Any, slow: Any) -> tuple[Any, Any]:
 
 def render(emit: Emit, fast: None, workloads: tuple[ProcessInfo, ...] | None) -> None:
     memory: dict[tuple[str, str], int] = {}
-    jobs = set()
+    jobs: set[tuple[str, ...]] = set()
+    mig_jobs: set[tuple[str, ...]] = set()
     for p in workloads or ():
         jobs.add((p.scheduler, p.job_id, p.user))
+        if p.gpu_instance is not None:
+            mig_jobs.add((str(p.gpu_instance), p.scheduler, p.job_id, p.user))
         if p.used_memory_bytes is not None:
             memory[(p.scheduler, p.job_id)] = memory.get((p.scheduler, p.job_id), 0) + p.used_memory_bytes
     for job in jobs:
         emit("gpuwatch_gpu_job_info", job, 1)
+    for job in mig_jobs:
+        emit("gpuwatch_mig_job_info", job, 1)
     for key, used in memory.items():
         emit("gpuwatch_workload_memory_used_bytes", key, used)
 
@@ -83,6 +98,9 @@ GROUP = Group(
              "1 while a workload holds the GPU: scheduler slurm (job_id = Slurm job id), kubernetes (pod UID), "
              "systemd (unit), none (a plain process) or unknown (PID not visible); from NVML's process list "
              "and /proc/PID/cgroup."),
+        Spec("gpuwatch_mig_job_info", "gauge", G + ("gpu_instance", "scheduler", "job_id", "user"),
+             "1 while a workload runs on the MIG GPU instance: the attribution of gpuwatch_gpu_job_info per instance "
+             "(the process list's gpuInstanceId; privileged callers only, else absent)."),
         Spec("gpuwatch_workload_memory_used_bytes", "gauge", G + ("scheduler", "job_id"),
              "Frame buffer used by the workload's processes on the GPU in bytes "
              "(nvmlDeviceGetComputeRunningProcesses)."),

@@ -1,8 +1,9 @@
 """utilization: how busy the GPU, its memory interface and its video engines were.
 
-Fast tier: nvmlDeviceGetUtilizationRates (gpu and memory). Slow tier: the encoder and decoder
-(nvmlDeviceGetEncoderUtilization, GetDecoderUtilization), which a monitor of compute nodes needs
-less often: two calls fewer every fast poll.
+Fast tier: nvmlDeviceGetUtilizationRates (gpu and memory). Slow tier, with
+``--collector.utilization.video``: the encoder and decoder (nvmlDeviceGetEncoderUtilization,
+GetDecoderUtilization), which a monitor of compute nodes rarely needs: off by default, to keep a
+data-center GPU within the contract's series budget (2 series and 2 calls per GPU less).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class Nvml:
         self.rates = rates if dev.supported(rates) else None
         self.engines = tuple((engine, call) for engine, call in (
             ("encoder", dev.call("nvmlDeviceGetEncoderUtilization")),
-            ("decoder", dev.call("nvmlDeviceGetDecoderUtilization"))) if dev.supported(call))
+            ("decoder", dev.call("nvmlDeviceGetDecoderUtilization"))) if dev.supported(call)) \
+            if dev.option("video") else ()
         dev.feature("utilization", self.rates is not None)
 
     def read_fast(self, q: Query) -> Utilization:
@@ -59,10 +61,11 @@ GROUP = Group(
     slow="utilization",
     nvml=Nvml,
     render=render,
+    options={"video": (False, "also the encoder and decoder utilization, read in the slow tier (2 series per GPU)")},
     specs=(
         Spec("gpuwatch_utilization_ratio", "gauge", G + ("engine",),
              "Fraction of the last sample period the engine was busy (nvmlDeviceGetUtilizationRates; "
-             "encoder and decoder from nvmlDeviceGetEncoder/DecoderUtilization, read in the slow tier; "
-             "'Utilization')."),
+             "encoder and decoder from nvmlDeviceGetEncoder/DecoderUtilization, read in the slow tier with "
+             "--collector.utilization.video; 'Utilization')."),
     ),
 )

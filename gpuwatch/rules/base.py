@@ -376,3 +376,16 @@ class Needs:
 def needs(*features: str) -> Needs:
     """``applies`` for rules that need readings the GPU may not support (no fan rules on an H200)."""
     return Needs(features)
+
+
+@dataclass(frozen=True)
+class NeedsAny(Needs):
+    """``applies`` for rules that can work from any one of several readings (a function of the
+    features, kept by the engine like ``Needs``)."""
+
+    def __call__(self, state: GpuState) -> bool:
+        return any(state.features.get(f, False) for f in self.features)
+
+
+def needs_any(*features: str) -> Needs:
+    return NeedsAny(features)

@@ -97,6 +97,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "FakeGpu",
+    "FakeMig",
     "FakeNode",
     "FakeNvmlBuildError",
     "FakeNvmlEnv",
@@ -154,6 +155,7 @@ NEW_SYMBOLS = frozenset(
         "nvmlGpmSampleGet",
         "nvmlGpmMetricsGet",
         "nvmlDeviceGetGpuFabricInfoV",
+        "nvmlGpmMigSampleGet",
     }
 )
 
@@ -164,6 +166,8 @@ VALUE_TYPES = ("d", "ui", "ul", "ull", "sll", "si", "us")
 MAX_GPUS = 64
 MAX_FIELDS = 256
 MAX_GPM = 48
+MAX_MIG = 7
+MAX_MIG_GPM = 16
 MAX_PROCS = 64
 MAX_XIDS = 4096
 
@@ -343,6 +347,19 @@ def _ms(seconds: float | None) -> int:
 
 
 @dataclass
+class FakeMig:
+    """One MIG device (a compute instance of a GPU instance) of a FakeGpu."""
+
+    gpu_instance: int
+    compute_instance: int
+    total: int  # bytes of its frame buffer
+    used: int
+    uuid: str  # "MIG-…"
+    name: str  # "NVIDIA H100 80GB HBM3 MIG 3g.40gb": the profile follows "MIG "
+    gpm: dict[int, float] = field(default_factory=dict)  # GPM metric id -> value (nvmlGpmMigSampleGet)
+
+
+@dataclass
 class FakeGpu:
     """One fake GPU. Attributes map 1:1 onto state-file lines.
 
@@ -428,6 +445,12 @@ class FakeGpu:
     fabric: tuple[int, int, int, int] | None = None  # (state 0-3, status, cliqueId, healthMask); None: no fabric
     fabric_cluster_uuid: str | None = None  # 32 hex digits
 
+    # MIG: (current, pending) mode, None = no MIG (NOT_SUPPORTED); the MIG devices by slot (the index of
+    # nvmlDeviceGetMigDeviceHandleByIndex). With MIG on, device-level GPM answers NOT_SUPPORTED (per
+    # instance only: nvmlGpmMigSampleGet)
+    mig_mode: tuple[int, int] | None = None
+    mig_devices: dict[int, FakeMig] = field(default_factory=dict)
+
     # field values: extra / overriding entries and per-entry failures; a key is an id (scope 0)
     # or (id, scopeId)
     fields: dict[int | tuple[int, int], tuple[str, int | float]] = field(default_factory=dict)
@@ -437,9 +460,9 @@ class FakeGpu:
     supported_event_types: int | None = EVENT_PSTATE | EVENT_XID
     xids: list[tuple[int, int]] = field(default_factory=list)  # (seq, xid); use FakeNode.add_xid
 
-    # processes: (pid, used bytes or None = NVML_VALUE_NOT_AVAILABLE)
-    compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
-    graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # processes: (pid, used bytes or None = NVML_VALUE_NOT_AVAILABLE[, gpu instance, compute instance])
+    compute_processes: list[tuple] = field(default_factory=list)
+    graphics_processes: list[tuple] = field(default_factory=list)
 
     # fault injection
     lost: bool = False  # every per-device call -> NVML_ERROR_GPU_IS_LOST (15)
@@ -488,10 +511,13 @@ class FakeGpu:
         """Make one field id fail with a per-entry ``nvmlReturn`` of ``code``."""
         self.field_errors[_field_key(field_id)] = int(code)
 
-    def add_process(self, pid: int, used_bytes: int | None, kind: str = "compute") -> None:
+    def add_process(self, pid: int, used_bytes: int | None, kind: str = "compute",
+                    mig: tuple[int, int] | None = None) -> None:
+        """A process on the GPU; ``mig`` = (gpu instance, compute instance) when it runs on a MIG device."""
         if kind not in ("compute", "graphics"):
             raise ValueError("kind must be 'compute' or 'graphics'")
-        getattr(self, f"{kind}_processes").append((int(pid), used_bytes))
+        entry = (int(pid), used_bytes) if mig is None else (int(pid), used_bytes, int(mig[0]), int(mig[1]))
+        getattr(self, f"{kind}_processes").append(entry)
 
     # -- derived field values ----------------------------------------------
 
@@ -623,6 +649,14 @@ class FakeGpu:
             L.append("gpm_supported 1")
             for metric, value in sorted(self.gpm.items()):
                 L.append(f"gpm {int(metric)} {float(value)!r}")
+        if self.mig_mode is not None:
+            put("mig_mode", *self.mig_mode)
+        for slot, m in sorted(self.mig_devices.items()):
+            if not 0 <= slot < MAX_MIG or len(m.gpm) > MAX_MIG_GPM:
+                raise ValueError(f"MIG slot {slot}: 0..{MAX_MIG - 1}, at most {MAX_MIG_GPM} GPM metrics")
+            L.append(f"mig {slot} {m.gpu_instance} {m.compute_instance} {m.total} {m.used} {m.uuid} {m.name}")
+            for metric, value in sorted(m.gpm.items()):
+                L.append(f"mig_gpm {slot} {int(metric)} {float(value)!r}")
         for link, (kind, bus) in sorted(self.nvlink_remotes.items()):
             L.append(f"nvlink_remote {int(link)} {int(kind)} {bus}")
         if self.fabric is not None:
@@ -641,8 +675,8 @@ class FakeGpu:
             procs = getattr(self, f"{kind}_processes")
             if len(procs) > MAX_PROCS:
                 raise ValueError(f"at most {MAX_PROCS} {kind} processes per GPU")
-            for pid, used in procs:
-                L.append(f"process {kind} {int(pid)} {_num_na(used)}")
+            for pid, used, *instance in procs:
+                L.append(" ".join(["process", kind, str(int(pid)), _num_na(used), *map(str, instance)]))
         for seq, xid in self.xids:
             put("xid", seq, xid)
         return L
@@ -713,6 +747,10 @@ class FakeNode:
     @classmethod
     def h100(cls, count: int = 8, **node_kw) -> FakeNode:
         return cls.from_profiles(["h100"] * count, **node_kw)
+
+    @classmethod
+    def h100_mig(cls, count: int = 1, **node_kw) -> FakeNode:
+        return cls.from_profiles(["h100-mig"] * count, **node_kw)
 
     @classmethod
     def l40s(cls, count: int = 4, **node_kw) -> FakeNode:
@@ -974,6 +1012,26 @@ def _h100(index: int) -> FakeGpu:
     return g
 
 
+def _h100_mig(index: int) -> FakeGpu:
+    """An H100 in MIG mode with the capture's four instances (3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb): the
+    parent has no utilization and no remapped rows (NVML: not supported with MIG on), GPM per instance."""
+    g = _h100(index)
+    g.__dict__.update(_identity("h100-mig", index))
+    g.utilization = None
+    g.encoder_utilization = g.decoder_utilization = None
+    g.remapped_rows = None
+    g.mig_mode = (1, 1)
+    mib = MIB
+    h = hashlib.sha256(f"fakenvml/h100-mig/{index}/mig".encode()).hexdigest()
+    layout = ((2, "3g.40gb", 40448, 26), (3, "2g.20gb", 20096, 17), (9, "1g.10gb", 9984, 9), (10, "1g.10gb", 9984, 9))
+    g.mig_devices = {
+        slot: FakeMig(gpu_instance=gi, compute_instance=0, total=total * mib, used=used * mib,
+                      uuid=f"MIG-{h[slot * 8:slot * 8 + 8]}-{h[32:36]}-{h[36:40]}-{h[40:44]}-{h[44:56]}",
+                      name=f"NVIDIA H100 80GB HBM3 MIG {profile}", gpm={2: 0.0, 5: 0.0, 10: 0.0})
+        for slot, (gi, profile, total, used) in enumerate(layout)}
+    return g
+
+
 def _l40s(index: int) -> FakeGpu:
     return FakeGpu(
         **_identity("l40s", index),
@@ -1091,6 +1149,7 @@ def _rtx2080s(index: int) -> FakeGpu:
 PROFILES = {
     "h200": _h200,
     "h100": _h100,
+    "h100-mig": _h100_mig,
     "l40s": _l40s,
     "rtx": _rtx4080s,
     "rtx4080s": _rtx4080s,

@@ -334,7 +334,15 @@ typedef struct {
     X(nvmlDeviceGetGpuFabricInfo)                                              \
     X(nvmlDeviceGetGpuFabricInfoV)                                             \
     X(nvmlDeviceGetNvLinkRemoteDeviceType)                                     \
-    X(nvmlDeviceGetNvLinkRemotePciInfo_v2)
+    X(nvmlDeviceGetNvLinkRemotePciInfo_v2)                                     \
+    X(nvmlDeviceGetMigMode)                                                    \
+    X(nvmlDeviceGetMaxMigDeviceCount)                                          \
+    X(nvmlDeviceGetMigDeviceHandleByIndex)                                     \
+    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)                            \
+    X(nvmlDeviceIsMigDeviceHandle)                                             \
+    X(nvmlDeviceGetGpuInstanceId)                                              \
+    X(nvmlDeviceGetComputeInstanceId)                                          \
+    X(nvmlGpmMigSampleGet)
 
 #define SYM_ENUM(name) SYM_##name,
 enum { FAKE_SYMBOLS(SYM_ENUM) NSYM };
@@ -445,6 +453,8 @@ static inline void count_cpu(void)
 #define MAX_FIELDS 256
 #define MAX_GPM 48
 #define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
+#define MAX_MIG 7    /* MIG devices per GPU (NVML_MAX_MIG_DEVICES_PER_GPU... on an H100: 7) */
+#define MAX_MIG_GPM 16
 #define MAX_PROCS 64
 #define MAX_XIDS 4096
 #define STR_LEN 96
@@ -485,6 +495,7 @@ static inline void count_cpu(void)
     K(supported_event_types, 1)                                                \
     K(gpm_supported, 1)                                                        \
     K(fabric, 4)                                                               \
+    K(mig_mode, 2)                                                             \
     K(lost, 1)
 
 #define KEY_ENUM(name, n) K_##name,
@@ -512,7 +523,19 @@ typedef struct {
 typedef struct {
     unsigned int pid;
     unsigned long long used;
+    unsigned int gi, ci; /* MIG instance ids, NO_INSTANCE when not on MIG */
 } proc_t;
+
+typedef struct {
+    int present;
+    unsigned int gi, ci;
+    long long total, used; /* bytes */
+    char uuid[STR_LEN];
+    char name[STR_LEN];
+    int ngpm;
+    unsigned int gpm_id[MAX_MIG_GPM];
+    double gpm_value[MAX_MIG_GPM];
+} mig_t;
 
 typedef struct {
     int gpu;
@@ -539,6 +562,7 @@ typedef struct {
     int ngpm;
     unsigned int gpm_id[MAX_GPM];
     double gpm_value[MAX_GPM];
+    mig_t mig[MAX_MIG];
     uint64_t nvl_remote_has; /* bit l: an nvlink_remote line for link l */
     unsigned int nvl_remote_type[MAX_LINKS];
     char nvl_remote_bus[MAX_LINKS][32];
@@ -577,6 +601,7 @@ struct fake_evset {
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct fake_dev g_devs[MAX_GPUS];
+static struct fake_dev g_migs[MAX_GPUS][MAX_MIG]; /* MIG device handles: index = GPU, pad = slot */
 static state_t *g_state;     /* current state, NULL until a file was parsed */
 static char *g_state_path;   /* FAKE_NVML_STATE */
 static int g_init_count;     /* nvmlInit refcount */
@@ -591,8 +616,13 @@ static struct {
 
 __attribute__((constructor)) static void fake_nvml_ctor(void)
 {
-    for (int i = 0; i < MAX_GPUS; i++)
+    for (int i = 0; i < MAX_GPUS; i++) {
         g_devs[i].index = i;
+        for (int m = 0; m < MAX_MIG; m++) {
+            g_migs[i][m].index = i;
+            g_migs[i][m].pad = m;
+        }
+    }
     counts_open();
 }
 
@@ -860,6 +890,42 @@ static int parse_gpu_line(state_t *st, gpu_t *g, const char *key, char **tok, in
         g->gpm_value[g->ngpm++] = value;
         return 0;
     }
+    if (strcmp(key, "mig") == 0) { /* mig <slot> <gi> <ci> <total> <used> <uuid> <name to end of line> */
+        long long e, f;
+        if (ntok < 8 || parse_num(tok[1], &a) || a < 0 || a >= MAX_MIG || parse_num(tok[2], &b) ||
+            parse_num(tok[3], &c) || parse_num(tok[4], &e) || parse_num(tok[5], &f) || strlen(tok[6]) >= STR_LEN)
+            return -1;
+        mig_t *m = &g->mig[a];
+        memset(m, 0, sizeof *m);
+        m->present = 1;
+        m->gi = (unsigned int)b;
+        m->ci = (unsigned int)c;
+        m->total = e;
+        m->used = f;
+        strcpy(m->uuid, tok[6]);
+        const char *name = rest;
+        for (int skip = 0; skip < 6 && name; skip++) { /* past the six numbers and the uuid */
+            name = strchr(name, ' ');
+            while (name && *name == ' ')
+                name++;
+        }
+        copy_rest(m->name, STR_LEN, name ? name : "");
+        return 0;
+    }
+    if (strcmp(key, "mig_gpm") == 0) { /* mig_gpm <slot> <metricId> <value> */
+        char *end;
+        if (ntok < 4 || parse_num(tok[1], &a) || a < 0 || a >= MAX_MIG || parse_num(tok[2], &b))
+            return -1;
+        mig_t *m = &g->mig[a];
+        if (m->ngpm >= MAX_MIG_GPM)
+            return -1;
+        double value = strtod(tok[3], &end);
+        if (*end)
+            return -1;
+        m->gpm_id[m->ngpm] = (unsigned int)b;
+        m->gpm_value[m->ngpm++] = value;
+        return 0;
+    }
     if (strcmp(key, "nvlink_remote") == 0) {
         if (ntok < 4 || parse_num(tok[1], &a) || parse_num(tok[2], &b) || a < 0 || a >= MAX_LINKS ||
             strlen(tok[3]) >= sizeof g->nvl_remote_bus[0])
@@ -896,6 +962,13 @@ static int parse_gpu_line(state_t *st, gpu_t *g, const char *key, char **tok, in
         proc_t *p = &g->procs[kind][g->nproc[kind]++];
         p->pid = (unsigned int)a;
         p->used = b == NA ? NOT_AVAILABLE_ULL : (unsigned long long)b;
+        p->gi = p->ci = NO_INSTANCE;
+        if (ntok >= 6) { /* process <kind> <pid> <bytes> <gi> <ci>: on a MIG instance */
+            if (parse_num(tok[4], &c) || parse_num(tok[5], &d))
+                return -1;
+            p->gi = (unsigned int)c;
+            p->ci = (unsigned int)d;
+        }
         return 0;
     }
     if (strcmp(key, "xid") == 0) {
@@ -1155,6 +1228,35 @@ static nvmlReturn_t dev_begin(int sym, nvmlDevice_t dev, gpu_t **out)
     return gpu_begin(sym, dev_index(dev), out);
 }
 
+/* A MIG device handle: *gpu and *slot, or 0 for anything else. */
+static int mig_handle(nvmlDevice_t d, int *gpu, int *slot)
+{
+    uintptr_t p = (uintptr_t)d, base = (uintptr_t)g_migs;
+    if (p < base || p >= base + sizeof g_migs || (p - base) % sizeof(struct fake_dev))
+        return 0;
+    size_t i = (p - base) / sizeof(struct fake_dev);
+    *gpu = (int)(i / MAX_MIG);
+    *slot = (int)(i % MAX_MIG);
+    return 1;
+}
+
+/* Per-MIG-device prologue: the parent's checks, then the instance must exist (else INVALID_ARGUMENT:
+ * a handle of a destroyed instance). On NVML_SUCCESS the mutex is held. */
+static nvmlReturn_t mig_begin(int sym, nvmlDevice_t dev, gpu_t **g, mig_t **m)
+{
+    int gi, slot;
+    count_call(sym);
+    if (!mig_handle(dev, &gi, &slot))
+        return gpu_begin(sym, -1, g);
+    nvmlReturn_t r = gpu_begin(sym, gi, g);
+    if (r)
+        return r;
+    *m = &(*g)->mig[slot];
+    if (!(*m)->present)
+        return unlock_ret(NVML_ERROR_INVALID_ARGUMENT);
+    return NVML_SUCCESS;
+}
+
 /* System-level prologue. On NVML_SUCCESS the mutex is held. */
 static nvmlReturn_t sys_begin(int sym)
 {
@@ -1219,9 +1321,27 @@ static nvmlReturn_t copy_string(const char *src, char *dst, unsigned int length)
     return NVML_SUCCESS;
 }
 
+/* UUID and name of a MIG device; other strings are the parent's only. */
+static nvmlReturn_t mig_string(int sym, nvmlDevice_t dev, int skey, char *buf, unsigned int length)
+{
+    gpu_t *g;
+    mig_t *m;
+    nvmlReturn_t r = mig_begin(sym, dev, &g, &m);
+    if (r)
+        return r;
+    if (skey == S_UUID)
+        END(copy_string(m->uuid, buf, length));
+    if (skey == S_NAME)
+        END(copy_string(m->name, buf, length));
+    END(NVML_ERROR_NOT_SUPPORTED);
+}
+
 #define STRING_GETTER(name, skey)                                              \
     nvmlReturn_t name(nvmlDevice_t dev, char *buf, unsigned int length)        \
     {                                                                          \
+        int mg_, ms_;                                                          \
+        if (mig_handle(dev, &mg_, &ms_))                                       \
+            return mig_string(SYM_##name, dev, skey, buf, length);             \
         BEGIN_DEV(name, dev);                                                  \
         if (!(g->str_present >> (skey) & 1U))                                  \
             END(NVML_ERROR_NOT_SUPPORTED);                                     \
@@ -1657,6 +1777,19 @@ static void memory_values(const gpu_t *g, unsigned long long *total, unsigned lo
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
+    int mg_, ms_;
+    if (mig_handle(dev, &mg_, &ms_)) { /* a MIG instance's own frame buffer */
+        gpu_t *g;
+        mig_t *m;
+        nvmlReturn_t r = mig_begin(SYM_nvmlDeviceGetMemoryInfo, dev, &g, &m);
+        if (r)
+            return r;
+        NEED(mem);
+        mem->total = (unsigned long long)m->total;
+        mem->used = (unsigned long long)m->used;
+        mem->free = (unsigned long long)(m->total - m->used);
+        END(NVML_SUCCESS);
+    }
     BEGIN_DEV(nvmlDeviceGetMemoryInfo, dev);
     NEED(mem);
     REQUIRE(g, memory);
@@ -1934,8 +2067,8 @@ static nvmlReturn_t running_processes(int sym, int kind, nvmlDevice_t dev, unsig
     for (unsigned int i = 0; i < n; i++) {
         infos[i].pid = g->procs[kind][i].pid;
         infos[i].usedGpuMemory = g->procs[kind][i].used;
-        infos[i].gpuInstanceId = NO_INSTANCE;
-        infos[i].computeInstanceId = NO_INSTANCE;
+        infos[i].gpuInstanceId = g->procs[kind][i].gi;
+        infos[i].computeInstanceId = g->procs[kind][i].ci;
     }
     *count = n;
     END(NVML_SUCCESS);
@@ -1988,7 +2121,8 @@ typedef struct {
 
 typedef struct fake_gpm_sample {
     unsigned int magic;
-    int gpu; /* -1 until filled */
+    int gpu;  /* -1 until filled */
+    int slot; /* the MIG device's slot for nvmlGpmMigSampleGet, -1 for the whole GPU */
     long long t_ns;
 } *nvmlGpmSample_t;
 #define GPM_MAGIC 0x47504d53U
@@ -2042,6 +2176,7 @@ nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample)
         END(NVML_ERROR_INSUFFICIENT_SIZE);
     s->magic = GPM_MAGIC;
     s->gpu = -1;
+    s->slot = -1;
     *sample = s;
     END(NVML_SUCCESS);
 }
@@ -2061,9 +2196,28 @@ nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample)
 {
     BEGIN_DEV(nvmlGpmSampleGet, dev);
     NEED(sample && sample->magic == GPM_MAGIC);
-    if (!gpm_on(g))
+    if (!gpm_on(g) || (HAS(g, mig_mode) && VAL(g, mig_mode, 0) == 1)) /* with MIG on: per instance only */
         END(NVML_ERROR_NOT_SUPPORTED);
     sample->gpu = dev_index(dev);
+    sample->slot = -1;
+    sample->t_ns = mono_ns();
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int gpuInstanceId, nvmlGpmSample_t sample)
+{
+    BEGIN_DEV(nvmlGpmMigSampleGet, dev);
+    NEED(sample && sample->magic == GPM_MAGIC);
+    if (!gpm_on(g))
+        END(NVML_ERROR_NOT_SUPPORTED);
+    int slot = -1;
+    for (int i = 0; i < MAX_MIG; i++)
+        if (g->mig[i].present && g->mig[i].gi == gpuInstanceId)
+            slot = i;
+    if (slot < 0)
+        END(NVML_ERROR_NOT_FOUND);
+    sample->gpu = dev_index(dev);
+    sample->slot = slot;
     sample->t_ns = mono_ns();
     END(NVML_SUCCESS);
 }
@@ -2078,17 +2232,26 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m)
     nvmlReturn_t r = gpu_begin(SYM_nvmlGpmMetricsGet, m->sample1->gpu, &g);
     if (r)
         return r;
-    NEED(m->sample1->gpu >= 0 && m->sample1->gpu == m->sample2->gpu);
+    NEED(m->sample1->gpu >= 0 && m->sample1->gpu == m->sample2->gpu && m->sample1->slot == m->sample2->slot);
+    int ngpm = g->ngpm;
+    const unsigned int *ids = g->gpm_id;
+    const double *values = g->gpm_value;
+    if (m->sample1->slot >= 0) { /* a MIG instance's metrics */
+        mig_t *mig = &g->mig[m->sample1->slot];
+        ngpm = mig->ngpm;
+        ids = mig->gpm_id;
+        values = mig->gpm_value;
+    }
     NEED(m->sample2->t_ns > m->sample1->t_ns && m->numMetrics <= GPM_METRIC_MAX);
     for (unsigned int i = 0; i < m->numMetrics; i++) {
         nvmlGpmMetric_t *x = &m->metrics[i];
         x->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         x->value = 0.0;
         memset(&x->metricInfo, 0, sizeof x->metricInfo);
-        for (int k = 0; k < g->ngpm; k++)
-            if (g->gpm_id[k] == x->metricId) {
+        for (int k = 0; k < ngpm; k++)
+            if (ids[k] == x->metricId) {
                 x->nvmlReturn = NVML_SUCCESS;
-                x->value = g->gpm_value[k];
+                x->value = values[k];
                 break;
             }
     }
@@ -2205,5 +2368,97 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned int 
     }
     snprintf(pci->busId, sizeof pci->busId, "%s", g->nvl_remote_bus[link]);
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", dom & 0xFFFF, bus, device, fn);
+    END(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------------------ */
+/* MIG                                                                       */
+/* ------------------------------------------------------------------------ */
+/*
+ * State: "mig_mode <current> <pending>" (without it: NOT_SUPPORTED, a GPU
+ * without MIG); "mig <slot> <gi> <ci> <total bytes> <used bytes> <uuid>
+ * <name to the end of the line>" for each MIG device (slot = the index of
+ * nvmlDeviceGetMigDeviceHandleByIndex); "mig_gpm <slot> <metricId> <value>"
+ * for the GPM metrics of that instance (nvmlGpmMigSampleGet with its gi).
+ * MIG handles answer GetUUID, GetName, GetMemoryInfo, GetGpuInstanceId,
+ * GetComputeInstanceId; a handle whose slot has no line (a destroyed
+ * instance) answers INVALID_ARGUMENT.
+ */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending)
+{
+    BEGIN_DEV(nvmlDeviceGetMigMode, dev);
+    NEED(current && pending);
+    REQUIRE(g, mig_mode);
+    *current = (unsigned int)VAL(g, mig_mode, 0);
+    *pending = (unsigned int)VAL(g, mig_mode, 1);
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count)
+{
+    BEGIN_DEV(nvmlDeviceGetMaxMigDeviceCount, dev);
+    NEED(count);
+    REQUIRE(g, mig_mode);
+    *count = VAL(g, mig_mode, 0) == 1 ? MAX_MIG : 0;
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig)
+{
+    BEGIN_DEV(nvmlDeviceGetMigDeviceHandleByIndex, dev);
+    NEED(mig && index < MAX_MIG);
+    if (!HAS(g, mig_mode) || VAL(g, mig_mode, 0) != 1)
+        END(NVML_ERROR_NOT_SUPPORTED);
+    if (!g->mig[index].present)
+        END(NVML_ERROR_NOT_FOUND);
+    *mig = &g_migs[dev_index(dev)][index];
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    gpu_t *g;
+    mig_t *m;
+    nvmlReturn_t r = mig_begin(SYM_nvmlDeviceGetDeviceHandleFromMigDeviceHandle, migDevice, &g, &m);
+    if (r)
+        return r;
+    NEED(device);
+    *device = &g_devs[g - g_state->gpus];
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *isMig)
+{
+    int gi, slot;
+    nvmlReturn_t r = sys_begin(SYM_nvmlDeviceIsMigDeviceHandle);
+    if (r)
+        return r;
+    NEED(isMig);
+    *isMig = mig_handle(dev, &gi, &slot) ? 1U : 0U;
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *id)
+{
+    gpu_t *g;
+    mig_t *m;
+    nvmlReturn_t r = mig_begin(SYM_nvmlDeviceGetGpuInstanceId, dev, &g, &m);
+    if (r)
+        return r;
+    NEED(id);
+    *id = m->gi;
+    END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned int *id)
+{
+    gpu_t *g;
+    mig_t *m;
+    nvmlReturn_t r = mig_begin(SYM_nvmlDeviceGetComputeInstanceId, dev, &g, &m);
+    if (r)
+        return r;
+    NEED(id);
+    *id = m->ci;
     END(NVML_SUCCESS);
 }

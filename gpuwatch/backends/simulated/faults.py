@@ -30,6 +30,7 @@ class Conditions:
     nvlink_errors_per_second: dict[str, float] = field(default_factory=dict)  # error kind -> rate
     fabric_state: str | None = None  # overrides "completed" (the fabric manager is not running)
     fabric_issues: tuple[str, ...] = ()  # fabric health issues reported
+    mig_idle: tuple[int, ...] = ()  # MIG GPU instances held (memory in use) but computing nothing
 
 
 @dataclass(slots=True)
@@ -236,6 +237,10 @@ def _fabric_manager_down(_fault: Fault, c: Conditions, _since: float) -> None:
     c.fabric_state = "not_started"
 
 
+def _mig_idle_allocation(fault: Fault, c: Conditions, _since: float) -> None:
+    c.mig_idle = (*c.mig_idle, int(fault.params["gpu_instance"]))
+
+
 def _fabric_degraded(fault: Fault, c: Conditions, _since: float) -> None:
     c.fabric_issues = (*c.fabric_issues, "degraded_bandwidth")
 
@@ -378,6 +383,13 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "the end of the window (the fabric manager started), then completes.",
         requires=("fabric",),
         during=_fabric_manager_down,
+    ),
+    "mig_idle_allocation": FaultKind(
+        "A job holds MIG GPU instance `gpu_instance` (30 % of its frame buffer in use) and computes "
+        "nothing; the other instances follow the GPU's jobs.",
+        params={"gpu_instance": 9.0},
+        requires=("mig",),
+        during=_mig_idle_allocation,
     ),
     "fabric_degraded": FaultKind(
         "The fabric reports degraded bandwidth for the GPU (an NVSwitch tray lost ports) while the "

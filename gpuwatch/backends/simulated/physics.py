@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from gpuwatch.backends.simulated.faults import FAULT_KINDS, Conditions, Fault, Health
 from gpuwatch.backends.simulated.profiles import _ALL_REASONS, _MIB, Profile, _fan_curve
 from gpuwatch.groups import fast_sample, slow_sample
+from gpuwatch.groups.mig import MigInstance, MigReading
 from gpuwatch.model import (
     CLOCKS,
     CLOCKS_EVENT_REASON_BITS,
@@ -102,6 +103,7 @@ class _Gpu:
     nvlink_down: tuple[int, ...] = ()
     fabric_state: str = "completed"
     fabric_issues: tuple[str, ...] = ()
+    mig_idle: tuple[int, ...] = ()
     pcie_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})
     nvlink_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})
     active_faults: set[int] = field(default_factory=set)
@@ -248,6 +250,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     g.pcie_bytes["tx"] += pcie * 0.4
     g.pcie_bytes["rx"] += pcie
     g.nvlink_down, g.fabric_state, g.fabric_issues = c.nvlink_down, c.fabric_state or "completed", c.fabric_issues
+    g.mig_idle = c.mig_idle
     for error, rate in c.nvlink_errors_per_second.items():
         g.health.nvlink_errors[error] = g.health.nvlink_errors.get(error, 0.0) + rate * dt
     if p.nvlink_links:  # collectives at a share of the links' bandwidth
@@ -306,7 +309,7 @@ def _fast_sample(g: _Gpu) -> FastSample:
         power_watts=round(g.power, 3),
         energy_joules=round(g.energy, 3),
         performance_state=p.busy_pstate if g.busy else p.idle_pstate,
-        utilization_ratio={
+        utilization_ratio={} if p.mig_instances else {  # NVML has none for a MIG-enabled GPU
             "gpu": round(g.utilization * 100) / 100,
             "memory": round(g.memory_utilization * 100) / 100,
         },
@@ -317,8 +320,25 @@ def _fast_sample(g: _Gpu) -> FastSample:
         clock_hertz={name: mhz * 1e6 for name, mhz in clocks.items() if name != "video"},  # video: slow tier
         clocks_event_active=decode_clocks_event_reasons(mask, _ALL_REASONS),
         clocks_event_seconds={r: g.event_seconds[r] for r in p.clocks_event_time_reasons},
-        **(_gpm(g) if p.gpm else {}),
+        **(_gpm(g) if p.gpm and not p.mig_instances else {}),
+        **({"mig": _mig_readings(g)} if p.mig_instances else {}),
     )
+
+
+def _mig_readings(g: _Gpu) -> tuple[MigReading, ...]:
+    """Each instance runs a share of the GPU's job (the same activity, memory in proportion to its
+    size); an instance held idle (fault mig_idle_allocation) keeps 30 % of its memory and no SM work."""
+    p = g.profile
+    usable = p.memory_total_mib - p.memory_reserved_mib
+    share = g.memory_used_mib / usable if usable else 0.0
+    out = []
+    for gi, _, total_mib in p.mig_instances:
+        idle = gi in g.mig_idle
+        used = round(total_mib * (0.3 if idle else share))
+        sm = 0.0 if idle else round(g.sm_active, 4)
+        dram = 0.0 if idle else round(g.memory_utilization * 0.8, 4)
+        out.append(MigReading(gi, total_mib * _MIB, used * _MIB, sm, dram, round(sm * 0.6, 4)))
+    return tuple(out)
 
 
 def _gpm(g: _Gpu) -> dict[str, object]:
@@ -353,7 +373,7 @@ def _slow_sample(g: _Gpu) -> SlowSample:
     width = p.pcie_width if g.pcie_width is None else min(p.pcie_width, g.pcie_width)
     return slow_sample(
         temperature_threshold_celsius=thresholds,
-        utilization_ratio={"encoder": 0.0, "decoder": 0.0},
+        # encoder/decoder: the NVML backend reads them with --collector.utilization.video only
         clock_hertz={"video": (p.clock_max_mhz if g.busy else p.clock_idle_mhz)["video"] * 1e6},
         temperature_margin_threshold_celsius=margin_thresholds,
         power_limit_watts=dict(p.power_limit_watts),
@@ -368,7 +388,15 @@ def _slow_sample(g: _Gpu) -> SlowSample:
         pcie_replays=int(h.pcie_replays),
         **(_nvlink(g) if p.nvlink_links else {}),
         **(_fabric(g) if p.fabric else {}),
+        **({"mig": _mig_instances(g)} if p.mig_instances else {}),
     )
+
+
+def _mig_instances(g: _Gpu) -> tuple[MigInstance, ...]:
+    digest = hashlib.sha256(f"{g.uuid}/mig".encode()).hexdigest()
+    return tuple(MigInstance(gi, 0, f"MIG-{digest[k * 8:k * 8 + 8]}-{digest[32:36]}-{digest[36:40]}-{digest[40:44]}-"
+                                    f"{digest[44:56]}", profile)
+                 for k, (gi, profile, _) in enumerate(g.profile.mig_instances))
 
 
 def _fabric(g: _Gpu) -> dict[str, object]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -72,6 +73,9 @@ class Profile:
     nvlink_links: int = 0  # NVLink links to the NVSwitches (HGX), 0 for PCIe cards
     nvlink_gbps: float = 0.0  # GB/s per link and direction, as `nvidia-smi nvlink -s` shows it
     fabric: bool = False  # NVSwitch fabric registration
+    # MIG instances (GPU instance id, profile, frame buffer MiB); with MIG on, the GPU has no utilization
+    # and no device-level GPM (per instance only) and NVLink is not reported
+    mig_instances: tuple[tuple[int, str, int], ...] = ()
 
     @property
     def features(self) -> dict[str, bool]:
@@ -91,11 +95,12 @@ class Profile:
             "remapped_rows": self.remapped_rows,
             "retired_pages": self.retired_pages,
             "temperature_margin": self.threshold_scale == "tlimit",
-            "utilization": True,
+            "utilization": not self.mig_instances,
             "xid_events": True,
-            "gpm": self.gpm,
+            "gpm": self.gpm and not self.mig_instances,
             "nvlink": self.nvlink_links > 0,
             "fabric": self.fabric,
+            "mig": bool(self.mig_instances),
         }
         return {feature: supported[feature] for feature in FEATURES}
 
@@ -223,7 +228,25 @@ T4 = Profile(
     retired_pages=True,
 )
 
-PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4)}
+# An H100 SXM in MIG mode with the capture's four instances (GPU instances 2, 3, 9, 10). With MIG on
+# the capture says: utilization N/A, "Nvlink queries are not supported for Devices in MIG mode"; row
+# remapping is not reported while instances are active.
+H100_MIG = dataclasses.replace(
+    H200,
+    key="h100-mig",
+    name="NVIDIA H100 80GB HBM3",
+    vbios_version="96.00.A5.00.01",
+    serial_prefix="1652",
+    memory_total_mib=81559,
+    memory_reserved_mib=479,
+    remapped_rows=False,
+    nvlink_links=0,
+    nvlink_gbps=0.0,
+    fabric=False,
+    mig_instances=((2, "3g.40gb", 40448), (3, "2g.20gb", 20096), (9, "1g.10gb", 9984), (10, "1g.10gb", 9984)),
+)
+
+PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG)}
 
 
 def _fan_curve(temperature: float) -> float:

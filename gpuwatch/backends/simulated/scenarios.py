@@ -228,6 +228,12 @@ def scenarios() -> dict[str, Scenario]:
             "(a switch tray lost a port); the registration itself is fine.",
             "h200", [Fault("fabric_degraded", 3, 120, 480)],
             gpu=3, latency=30, end=480, recovery=30),
+        Scenario("allocated_idle-mig",
+                 "An H100 in MIG mode: a job holds GPU instance 9 (a 1g.10gb) from 2 to 36 min, 30 % of its "
+                 "memory in use, and computes nothing; the GPU's other instances run the GPU's jobs. The rule "
+                 "reads each instance's SM activity (the parent has no utilization with MIG on).",
+                 "h100-mig", 2, (Fault("mig_idle_allocation", 0, 120, 2160, params={"gpu_instance": 9}),),
+                 2160 + 10 + 240.0, "allocated_idle", 0, 120.0, 60, 2160, 10),
         one("allocated_idle",
             "RTX 6000 GPU 1 is held by a job that keeps 30 % of the frame buffer but computes nothing "
             "from 2 to 36 min (a notebook left open); the others run their normal jobs.",
