@@ -3,28 +3,12 @@ profiling metrics, NVLink, the NVSwitch fabric; and that GPUs without them make 
 
 import fakenvml
 import pytest
-from daemon import Daemon, fake_env, wait_for
+from daemon import wait_for
 
 MIB = 1024 * 1024
 # a GPU under load: NVML_GPM_METRIC_* id -> value (%, PCIe MiB/s)
 BUSY_GPM = {1: 99.0, 2: 87.5, 3: 41.25, 4: 9.0, 5: 63.0, 10: 55.5, 11: 0.0, 12: 22.0, 13: 4.0, 20: 1024.0,
             21: 2048.0}
-
-
-@pytest.fixture()
-def start(tmp_path):
-    daemons = []
-
-    def start(node, old_driver=False, args=None):
-        fx = fakenvml.prepare(tmp_path, node, old_driver=old_driver)
-        daemon = Daemon(tmp_path, fake_env(fx), args)
-        daemon.fx = fx
-        daemons.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in daemons:
-        daemon.stop()
 
 
 def labels(node, i, **extra):

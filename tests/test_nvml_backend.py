@@ -7,24 +7,7 @@ while it runs to inject faults.
 import json
 
 import fakenvml
-import pytest
-from daemon import Daemon, fake_env, wait_for
-
-
-@pytest.fixture()
-def start(tmp_path):
-    daemons = []
-
-    def start(node, old_driver=False, args=None):
-        fx = fakenvml.prepare(tmp_path, node, old_driver=old_driver)
-        daemon = Daemon(tmp_path, fake_env(fx), args)
-        daemon.fx = fx
-        daemons.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in daemons:
-        daemon.stop()
+from daemon import wait_for
 
 
 def labels(node, i, **extra):
