@@ -81,8 +81,10 @@ def replay(tmp_path, profile):
 BACKENDS = {
     "nvml-h200": lambda tmp: nvml(tmp, ["h200", "h200"]),
     "nvml-rtx": lambda tmp: nvml(tmp, ["rtx", "rtx"]),
+    "nvml-h100-mig": lambda tmp: nvml(tmp, ["h100-mig", "h100-mig"]),
     "simulated-h200": lambda tmp: simulated(tmp, "h200"),
     "simulated-rtx6000": lambda tmp: simulated(tmp, "rtx6000"),
+    "simulated-h100-mig": lambda tmp: simulated(tmp, "h100-mig"),
     "replay-h200": lambda tmp: replay(tmp, "h200"),
     "replay-rtx6000": lambda tmp: replay(tmp, "rtx6000"),
 }
@@ -142,7 +144,7 @@ def test_fanless_profiles_have_no_fans_and_fanned_ones_do(exposition):
     backend, samples = exposition
     fan = [v for n, l, v in samples if n == "gpuwatch_gpu_feature_supported" and l["feature"] == "fan"]
     fan_series = [n for n, _, _ in samples if n.startswith("gpuwatch_fan_")]
-    if "h200" in backend:
+    if "h200" in backend or "h100" in backend:  # SXM boards are passively cooled
         assert fan == [0.0, 0.0] and fan_series == []
     else:
         assert fan == [1.0, 1.0] and "gpuwatch_fan_speed_ratio" in fan_series

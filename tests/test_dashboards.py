@@ -49,6 +49,10 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 # metrics, plain numbers for counts and states, and rpm for the fan RPM gauge.
 ALLOWED_UNITS = {"celsius", "watt", "joule", "percentunit", "bytes", "Bps", "hertz", "s", "none", "short", "rotrpm"}
 STANDARD_METRICS = {"up"}  # plus process_* (prometheus_client's process collector)
+RECORDING_RULES = ROOT / "deploy" / "prometheus" / "recording.rules.yml"
+# the series the shipped recording rules record: dashboards may read them (the Fleet's aggregates do)
+RECORDED = {rule["record"] for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]
+            for rule in group["rules"]}
 PANEL_TYPES = {"timeseries", "stat", "gauge", "bargauge", "table", "state-timeline", "row"}
 
 VARIABLES = {
@@ -305,7 +309,7 @@ def test_queries_follow_the_lint_rules(uid):
                 per_gpu_panels += 1
             for s in selectors:
                 # every metric is gpuwatch's (counters with _total, as exposed) or a standard one
-                assert (s.metric in CATALOGUE or s.metric in STANDARD_METRICS
+                assert (s.metric in CATALOGUE or s.metric in STANDARD_METRICS or s.metric in RECORDED
                         or s.metric.startswith("process_")), f"{where}: unknown metric {s.metric}"
                 # target-job-rule / target-instance-rule
                 assert 'job=~"$job"' in s.matchers and 'instance=~"$instance"' in s.matchers, \
@@ -429,6 +433,7 @@ class Prometheus:
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "gpuwatch", "static_configs": [{"targets": targets}]}],
+            "rule_files": [str(RECORDING_RULES)],  # the shipped recording rules, which Fleet panels read
         }))
         self.log_path = workdir / "prometheus.log"
         self._log = open(self.log_path, "w")
@@ -538,6 +543,9 @@ def stack(tmp_path_factory):
         (root / "sim").mkdir()
         sim = Daemon(root / "sim", sim_env, ["--backend", "simulated", "--sim.faults", "true", "--sim.gpus", "4"])
         started.append(sim)
+        (root / "mig").mkdir()
+        mig = Daemon(root / "mig", sim_env, ["--backend", "simulated", "--sim.profile", "h100-mig", "--sim.gpus", "2"])
+        started.append(mig)
 
         node = _fault_node()
         fx = fakenvml.prepare(root / "nvml", node, counts=False)
@@ -556,12 +564,13 @@ def stack(tmp_path_factory):
         nvml.wait_value("gpuwatch_anomaly", 1, gpu="0", uuid=node.gpus[0].uuid, rule="allocated_idle",
                         severity="warning")
 
-        instances = {"sim": sim.base.removeprefix("http://"), "nvml": nvml.base.removeprefix("http://")}
+        instances = {"sim": sim.base.removeprefix("http://"), "nvml": nvml.base.removeprefix("http://"),
+                     "mig": mig.base.removeprefix("http://")}
         prom = Prometheus(root, sorted(instances.values()))
         started.append(prom)
         # a few scrapes of both targets, so that rate() over 30 s has two samples
         wait_for(lambda: len([r for r in prom.result('count_over_time(up{job="gpuwatch"}[30s]) >= 3 and up == 1')])
-                 == 2, 30, "three successful scrapes of both gpuwatch targets")
+                 == 3, 30, "three successful scrapes of every gpuwatch target")
         yield prom, instances
     finally:
         for process in reversed(started):
@@ -615,12 +624,12 @@ def test_fault_panels_show_the_faults(stack):
         (sample,) = _panel_result(prom, instances, uid, title)
         return float(sample["value"][1])
 
-    assert scalar("gpuwatch-fleet", "Nodes") == 2
-    assert scalar("gpuwatch-fleet", "GPUs") == 7
+    assert scalar("gpuwatch-fleet", "Nodes") == 3
+    assert scalar("gpuwatch-fleet", "GPUs") == 9
     assert scalar("gpuwatch-fleet", "Lost GPUs") == 1
     assert scalar("gpuwatch-fleet", "Stale or failing nodes") == 1  # the node with the lost GPU
     assert scalar("gpuwatch-fleet", "Throttling GPUs") >= 1
-    assert 1 <= scalar("gpuwatch-fleet", "Healthy GPUs") <= 5  # the fake node's GPU 0 and 2 are not
+    assert 1 <= scalar("gpuwatch-fleet", "Healthy GPUs") <= 7  # the fake node's GPU 0 and 2 are not
     assert scalar("gpuwatch-fleet", "Exporters down") == 0
 
     xids = _panel_result(prom, instances, "gpuwatch-node", "XID errors")
@@ -644,6 +653,13 @@ def test_fault_panels_show_the_faults(stack):
     assert {(nvml, "1", "sw_power_cap"), (nvml, "1", "sw_thermal_slowdown")} <= {
         (s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["reason"]) for s in throttled}
 
+    # MIG instances only on the MIG node: the H100's four, on each of its two GPUs
+    mig_info = _panel_result(prom, instances, "gpuwatch-node", "MIG instance SM activity")
+    assert {s["metric"]["instance"] for s in mig_info} == {instances["mig"]}
+    assert len(mig_info) == 8
+    # NVLink error leaders (a recording rule): the HGX node, whose links count no error
+    leaders = _panel_result(prom, instances, "gpuwatch-fleet", "NVLink error leaders")
+    assert nvml in {s["metric"]["instance"] for s in leaders}
     # fans only where there are fans: the simulated RTX 6000 node, not the passively cooled H200s
     fans = _panel_result(prom, instances, "gpuwatch-node", "Fan speed against target")
     assert {s["metric"]["instance"] for s in fans} == {sim}

@@ -583,10 +583,16 @@ def test_demo_tour_shows_each_anomaly_within_six_minutes_and_repeats():
 
 
 def test_demo_tour_fits_fanless_and_small_nodes():
-    """The H200 tour swaps the fan stall for a power brake; small nodes use their last GPUs."""
+    """The H200 tour swaps the fan stall for a power brake and adds an NVLink link going down and a CRC
+    storm; small nodes use their last GPUs."""
     faults = demo_tour(600, profile="h200")
     assert "fan_stall" not in {f.kind for f in faults}
-    SimulatedBackend(FakeClock(), gpu_count=8, profile="h200", faults=faults)
+    assert {"nvlink_down", "nvlink_crc_storm"} <= {f.kind for f in faults}
+    clock, backend, uuids = make(gpu_count=8, profile="h200", faults=faults)
+    clock.advance(120)
+    assert backend.read_slow(uuids[0]).nvlink.nvlink_up["5"] is False
+    assert backend.read_slow(uuids[1]).nvlink.nvlink_errors["crc_flit"] > 100
+    assert "mig_idle_allocation" in {f.kind for f in demo_tour(600, profile="h100-mig")}
     small = demo_tour(600, gpu_count=4)
     assert {f.gpu for f in small} == {1, 2, 3}
     SimulatedBackend(FakeClock(), gpu_count=4, faults=small)
@@ -739,3 +745,9 @@ def test_every_fault_kind_is_documented_and_instantiable():
         fault = Fault(kind, 0, 1, 2)
         assert dict(fault.params) == dict(spec.params)
         hash(fault)  # usable in sets
+
+
+def test_the_configs_profile_choices_are_the_simulators_profiles():
+    from gpuwatch import config
+
+    assert set(config.SIM_PROFILES) == set(PROFILES)

@@ -467,7 +467,10 @@ def demo_tour(
     330 s–period          everything normal again
     ====================  =========================================================================
 
-    With fewer than 8 GPUs the last three GPUs play these parts.
+    On NVLink profiles (the HGX H200) the first GPU also loses NVLink link 5 from 60 to 300 s and
+    the second one's links throw CRC errors and replays from 40 to 300 s; on MIG profiles (h100-mig)
+    GPU instance 9 of the first GPU is held idle from 20 to 330 s. With fewer than 8 GPUs the last
+    three GPUs play the main parts.
     """
     if not _is_number(period_seconds) or period_seconds < DEMO_TOUR_SECONDS:
         raise ValueError(f"demo tour period must be at least {DEMO_TOUR_SECONDS:.0f} s")
@@ -488,11 +491,18 @@ def demo_tour(
         first = [f("load", fan_gpu, 20, 210), f("fan_stall", fan_gpu, 30, 200)]
     else:
         first = [f("load", fan_gpu, 20, 210), f("power_brake", fan_gpu, 30, 120)]
+    interconnect: list[Fault] = []
+    if PROFILES[profile].nvlink_links:
+        interconnect = [f("load", 0, 50, 310), f("nvlink_down", 0, 60, 300, link=5),
+                        f("nvlink_crc_storm", 1, 40, 300)]
+    if PROFILES[profile].mig_instances:
+        interconnect = [f("mig_idle_allocation", 0, 20, 330, gpu_instance=9)]
     return [
         *first,
         f("load", hot_gpu, 100, 330),
         f("cooling_failure", hot_gpu, 110, 320),
         f("fell_off_bus", lost_gpu, 240, 330),
+        *interconnect,
     ]
 
 

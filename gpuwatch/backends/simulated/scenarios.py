@@ -66,7 +66,7 @@ def _burn(gpu: int, start: float, end: float | None, utilization: float = 1.0) -
 
 
 def _healthy(profile: str, gpu_count: int) -> Scenario:
-    slow_cap = {"rtx6000": 0.6, "h200": 0.7, "t4": 0.6}[profile]
+    slow_cap = {"rtx6000": 0.6, "h200": 0.7, "t4": 0.6, "h100-mig": 0.7}[profile]
     return Scenario(
         name=f"healthy-{profile}",
         description=(
@@ -103,6 +103,7 @@ def scenarios() -> dict[str, Scenario]:
     cases = [
         _healthy("rtx6000", 4),
         _healthy("h200", 4),
+        _healthy("h100-mig", 4),
         _healthy("t4", 4),
         one("fan_stalled",
             "GPU 2 runs a burn job; at 2 min its fan stops (0 RPM) while the driver keeps asking for "
