@@ -233,3 +233,20 @@ def test_gpus_without_mig_make_no_mig_calls_after_discovery(start):
     assert counts["nvmlDeviceGetMigMode"] == 1
     for name in ("nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlGpmMigSampleGet"):
         assert counts.get(name, 0) == 0, name
+
+
+def test_a_mig_configuration_change_event_re_enumerates_at_once(start):
+    """With a slow poll a minute away, a new instance's frame buffer shows within a few fast polls of
+    NVML's MIG configuration-change event; its info series follows at the next slow poll."""
+    node = fakenvml.FakeNode.h100_mig(1)
+    d = start(node, args=["--poll.slow-interval", "60"])
+    d.wait_value("gpuwatch_mig_memory_total_bytes", 9984 * MIB, **labels(node, 0, gpu_instance="10"))
+    g = node.gpus[0]
+    g.mig_devices[4] = fakenvml.FakeMig(gpu_instance=11, compute_instance=0, total=9984 * MIB, used=0,
+                                        uuid="MIG-0000000b-0000-0000-0000-00000000000b",
+                                        name="NVIDIA H100 80GB HBM3 MIG 1g.10gb")
+    d.fx.write(node)
+    node.add_event(0, fakenvml.EVENT_MIG_CONFIG)
+    d.fx.write(node)
+    d.wait_value("gpuwatch_mig_memory_total_bytes", 9984 * MIB, **labels(node, 0, gpu_instance="11"))
+    assert [e["instances"] for e in d.events() if e["event"] == "mig_config_changed"] == [5]

@@ -106,6 +106,7 @@ class _Texts:
 
 
 _XID_EVENT = groups.xid.XID_CRITICAL_ERROR
+_MIG_CONFIG_EVENT = 0x100  # nvmlEventMigConfigChange
 _NO_SHARES: Mapping[str, float] = {}
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
@@ -434,6 +435,7 @@ class _Probe:
         self.features: dict[str, bool] = {}
         self.used: dict[str, dict[FieldKey, str]] = {"fast": {}, "slow": {}}  # tier -> field key -> group
         self.cleanups: list[Callable[[], None]] = []  # what to free before NVML shuts down (GPM samples)
+        self.mig: _MigDevices | None = None  # the GPU's MIG devices, when the mig group reads them
         self.group = ""
 
     def call(self, function: str, *args: Any) -> Any:
@@ -441,6 +443,8 @@ class _Probe:
         stateful = _stateful(function, self.handle, args)
         if stateful is not None:
             self.cleanups.append(stateful.free)
+            if isinstance(stateful, _MigDevices):
+                self.mig = stateful
             return stateful
         direct = _direct(function, self.handle, args)
         if direct is not None:
@@ -569,6 +573,7 @@ class _Gpu:
     batches: dict[str, _Batch] = field(default_factory=dict)  # tier -> its field-values call
     events: bool = False  # registered for XID events
     cleanups: list[Callable[[], None]] = field(default_factory=list)  # run before NVML shuts down
+    mig: _MigDevices | None = None  # re-enumerated on a MIG configuration-change event
 
 
 class NvmlBackend:
@@ -740,6 +745,7 @@ class NvmlBackend:
             if group.name == "xid":
                 gpu.events = bool(getattr(reader, "supported", False))
         gpu.fast, gpu.slow, gpu.features, gpu.cleanups = tuple(fast), tuple(slow), dev.features, dev.cleanups
+        gpu.mig = dev.mig if dev.features.get("mig") else None
         gpu.batches = {tier: _Batch(owners) for tier, owners in dev.used.items() if owners}
 
     def _probe_fields(self, handle: Any) -> frozenset[int]:
@@ -759,7 +765,8 @@ class NvmlBackend:
 
     def _register_events(self) -> None:
         wanted = [d for d in self._devices.values() if d.events]
-        if not wanted:
+        mig = [d for d in self._devices.values() if d.mig is not None]
+        if not wanted and not mig:
             return
         with self._events_lock:
             try:
@@ -771,6 +778,11 @@ class NvmlBackend:
                     except N.NVMLError:
                         d.events = False
                         d.features["xid_events"] = False
+                for d in mig:  # its own registration: a GPU that cannot deliver it keeps its XIDs
+                    try:
+                        N.nvmlDeviceRegisterEvents(d.handle, _MIG_CONFIG_EVENT, self._event_set)
+                    except N.NVMLError:
+                        pass  # the slow tier enumerates the instances anyway
             except N.NVMLError:
                 self._event_set = None
 
@@ -813,6 +825,21 @@ class NvmlBackend:
         return SlowSample(**readings, errors=tuple(errors), collected=collected)
 
     # -- events ---------------------------------------------------------------------------------
+    def _mig_changed(self, handle: Any) -> None:
+        """A MIG instance was created or destroyed: enumerate that GPU's MIG devices again now, so the
+        fast tier reads the new set at once (the slow tier's instance list follows at its next poll)."""
+        uuid = self._by_handle.get(_handle_key(handle))
+        gpu = self._devices.get(uuid) if uuid is not None else None
+        if gpu is None or gpu.mig is None:
+            return
+        try:
+            instances = gpu.mig.instances()
+        except N.NVMLError as exc:
+            get_logger(component="nvml").warning("mig_enumeration_failed", uuid=uuid, error=f"NVML: {exc}",
+                                                 hint="the next slow poll enumerates the MIG instances again")
+            return
+        get_logger(component="nvml").info("mig_config_changed", uuid=uuid, instances=len(instances))
+
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
         if not self._open:
             raise BackendUnavailable("uninitialized", "NVML backend is not initialised", "")
@@ -837,6 +864,8 @@ class NvmlBackend:
                         raise self._unavailable(exc) from None
                     return events  # e.g. GPU_IS_LOST on the event's device: the polls report it
                 wait_ms = 0  # drain what is queued, then return
+                if data.eventType & _MIG_CONFIG_EVENT:
+                    self._mig_changed(data.device)
                 if not data.eventType & _XID_EVENT:
                     continue
                 uuid = self._by_handle.get(_handle_key(data.device))

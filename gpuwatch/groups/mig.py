@@ -3,7 +3,9 @@
 Probed once per GPU: nvmlDeviceGetMigMode (NOT_SUPPORTED on GPUs without MIG; MIG off: feature 0).
 Slow tier: the MIG devices are enumerated again every slow poll (nvmlDeviceGetMaxMigDeviceCount,
 GetMigDeviceHandleByIndex, and per device its GPU/compute instance ids, UUID and name, whose suffix
-is the profile, e.g. "3g.40gb"): an instance created or destroyed shows within one slow interval.
+is the profile, e.g. "3g.40gb"), and at once on NVML's MIG configuration-change event (the events
+thread registers nvmlEventMigConfigChange on MIG-enabled GPUs; log event mig_config_changed): the
+fast tier reads a created instance from its next poll, the instance list follows at the next slow poll.
 Fast tier, per instance: its frame buffer (nvmlDeviceGetMemoryInfo on the MIG handle) and its GPM
 metrics over the last interval (nvmlGpmMigSampleGet with the GPU instance id, then
 nvmlGpmMetricsGet: SM activity, DRAM bandwidth, the tensor pipe). On a MIG-enabled GPU NVML has no

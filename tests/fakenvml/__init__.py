@@ -459,6 +459,7 @@ class FakeGpu:
     # events
     supported_event_types: int | None = EVENT_PSTATE | EVENT_XID
     xids: list[tuple[int, int]] = field(default_factory=list)  # (seq, xid); use FakeNode.add_xid
+    events: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, type, data); FakeNode.add_event
 
     # processes: (pid, used bytes or None = NVML_VALUE_NOT_AVAILABLE[, gpu instance, compute instance])
     compute_processes: list[tuple] = field(default_factory=list)
@@ -679,6 +680,8 @@ class FakeGpu:
                 L.append(" ".join(["process", kind, str(int(pid)), _num_na(used), *map(str, instance)]))
         for seq, xid in self.xids:
             put("xid", seq, xid)
+        for seq, kind, data in self.events:
+            L.append(f"event {int(seq)} {int(kind):#x} {int(data)}")
         return L
 
 
@@ -816,6 +819,14 @@ class FakeNode:
         seq = self.next_xid_seq
         self.next_xid_seq += 1
         self.gpus[gpu].xids.append((seq, int(xid)))
+        return seq
+
+    def add_event(self, gpu: int, kind: int, data: int = 0) -> int:
+        """Queue an event of another type on ``gpu`` (e.g. EVENT_MIG_CONFIG); delivered like XIDs to the
+        event sets registered for that type; returns its sequence number."""
+        seq = self.next_xid_seq
+        self.next_xid_seq += 1
+        self.gpus[gpu].events.append((seq, int(kind), int(data)))
         return seq
 
     # -- serialization ---------------------------------------------------------

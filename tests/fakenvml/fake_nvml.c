@@ -540,7 +540,8 @@ typedef struct {
 typedef struct {
     int gpu;
     long long seq;
-    unsigned long long xid;
+    unsigned long long xid;  /* eventData */
+    unsigned long long type; /* eventType: XID_EVENT for "xid" lines */
 } xid_t;
 
 typedef struct {
@@ -978,6 +979,18 @@ static int parse_gpu_line(state_t *st, gpu_t *g, const char *key, char **tok, in
         x->gpu = (int)(g - st->gpus);
         x->seq = a;
         x->xid = (unsigned long long)b;
+        x->type = XID_EVENT;
+        return 0;
+    }
+    if (strcmp(key, "event") == 0) { /* event <seq> <type> <data>: any other event type, e.g. 0x100 MIG config */
+        if (ntok < 4 || parse_num(tok[1], &a) || parse_num(tok[2], &b) || parse_num(tok[3], &c) ||
+            st->nxid >= MAX_XIDS)
+            return -1;
+        xid_t *x = &st->xids[st->nxid++];
+        x->gpu = (int)(g - st->gpus);
+        x->seq = a;
+        x->type = (unsigned long long)b;
+        x->xid = (unsigned long long)c;
         return 0;
     }
     return -2;
@@ -1994,7 +2007,7 @@ static int next_event(struct fake_evset *set, nvmlEventData_t *data)
     const xid_t *best = NULL;
     for (int i = 0; i < st->nxid; i++) {
         const xid_t *x = &st->xids[i];
-        if (x->gpu >= st->gpu_count || !(set->mask[x->gpu] & XID_EVENT) || x->seq <= set->last_seq[x->gpu])
+        if (x->gpu >= st->gpu_count || !(set->mask[x->gpu] & x->type) || x->seq <= set->last_seq[x->gpu])
             continue;
         if (!best || x->seq < best->seq)
             best = x;
@@ -2003,7 +2016,7 @@ static int next_event(struct fake_evset *set, nvmlEventData_t *data)
         return 0;
     set->last_seq[best->gpu] = best->seq;
     data->device = &g_devs[best->gpu];
-    data->eventType = XID_EVENT;
+    data->eventType = best->type;
     data->eventData = best->xid;
     data->gpuInstanceId = NO_INSTANCE;
     data->computeInstanceId = NO_INSTANCE;
