@@ -587,7 +587,7 @@ def test_demo_tour_fits_fanless_and_small_nodes():
     storm; small nodes use their last GPUs."""
     faults = demo_tour(600, profile="h200")
     assert "fan_stall" not in {f.kind for f in faults}
-    assert {"nvlink_down", "nvlink_crc_storm"} <= {f.kind for f in faults}
+    assert {"nvlink_down", "nvlink_crc_storm", "fabric_manager_down"} <= {f.kind for f in faults}
     clock, backend, uuids = make(gpu_count=8, profile="h200", faults=faults)
     clock.advance(120)
     assert backend.read_slow(uuids[0]).nvlink.nvlink_up["5"] is False

@@ -2452,26 +2452,25 @@ nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *isMig)
     END(NVML_SUCCESS);
 }
 
-nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *id)
+/* The GPU instance id (compute = 0) or the compute instance id (compute = 1) of a MIG device. */
+static nvmlReturn_t mig_instance_id(int sym, nvmlDevice_t dev, unsigned int *id, int compute)
 {
     gpu_t *g;
     mig_t *m;
-    nvmlReturn_t r = mig_begin(SYM_nvmlDeviceGetGpuInstanceId, dev, &g, &m);
+    nvmlReturn_t r = mig_begin(sym, dev, &g, &m);
     if (r)
         return r;
     NEED(id);
-    *id = m->gi;
+    *id = compute ? m->ci : m->gi;
     END(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *id)
+{
+    return mig_instance_id(SYM_nvmlDeviceGetGpuInstanceId, dev, id, 0);
 }
 
 nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned int *id)
 {
-    gpu_t *g;
-    mig_t *m;
-    nvmlReturn_t r = mig_begin(SYM_nvmlDeviceGetComputeInstanceId, dev, &g, &m);
-    if (r)
-        return r;
-    NEED(id);
-    *id = m->ci;
-    END(NVML_SUCCESS);
+    return mig_instance_id(SYM_nvmlDeviceGetComputeInstanceId, dev, id, 1);
 }

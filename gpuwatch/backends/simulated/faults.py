@@ -468,7 +468,8 @@ def demo_tour(
     ====================  =========================================================================
 
     On NVLink profiles (the HGX H200) the first GPU also loses NVLink link 5 from 60 to 300 s and
-    the second one's links throw CRC errors and replays from 40 to 300 s; on MIG profiles (h100-mig)
+    the second one's links throw CRC errors and replays from 40 to 300 s; on fabric profiles the fabric
+    manager is not running for GPU 3 for the first 200 s after start (once, as at a boot); on MIG profiles (h100-mig)
     GPU instance 9 of the first GPU is held idle from 20 to 330 s. With fewer than 8 GPUs the last
     three GPUs play the main parts.
     """
@@ -495,6 +496,8 @@ def demo_tour(
     if PROFILES[profile].nvlink_links:
         interconnect = [f("load", 0, 50, 310), f("nvlink_down", 0, 60, 300, link=5),
                         f("nvlink_crc_storm", 1, 40, 300)]
+    if PROFILES[profile].fabric:
+        interconnect.append(Fault("fabric_manager_down", 3 if gpu_count >= 8 else fan_gpu, 0, 200))
     if PROFILES[profile].mig_instances:
         interconnect = [f("mig_idle_allocation", 0, 20, 330, gpu_instance=9)]
     return [
