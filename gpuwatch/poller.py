@@ -378,7 +378,7 @@ class Poller:
                               id="rules")
         scheduler.start()
         self._scheduler = scheduler
-        if "xid" in self._enabled:
+        if "xid" in self._enabled or "mig" in self._enabled:  # XIDs; MIG configuration changes
             self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
             self._events_thread.start()
 

@@ -239,7 +239,8 @@ def test_a_mig_configuration_change_event_re_enumerates_at_once(start):
     """With a slow poll a minute away, a new instance's frame buffer shows within a few fast polls of
     NVML's MIG configuration-change event; its info series follows at the next slow poll."""
     node = fakenvml.FakeNode.h100_mig(1)
-    d = start(node, args=["--poll.slow-interval", "60"])
+    # XIDs switched off: the events thread still waits, for the MIG events
+    d = start(node, args=["--poll.slow-interval", "60", "--no-collector.xid"])
     d.wait_value("gpuwatch_mig_memory_total_bytes", 9984 * MIB, **labels(node, 0, gpu_instance="10"))
     g = node.gpus[0]
     g.mig_devices[4] = fakenvml.FakeMig(gpu_instance=11, compute_instance=0, total=9984 * MIB, used=0,
@@ -250,3 +251,23 @@ def test_a_mig_configuration_change_event_re_enumerates_at_once(start):
     d.fx.write(node)
     d.wait_value("gpuwatch_mig_memory_total_bytes", 9984 * MIB, **labels(node, 0, gpu_instance="11"))
     assert [e["instances"] for e in d.events() if e["event"] == "mig_config_changed"] == [5]
+
+
+def test_a_gpu_instance_with_two_compute_instances_is_read_once(start):
+    """Two MIG devices (compute instances 0 and 1) of one GPU instance share its memory and its SMs:
+    one series per GPU instance, its GPM pair sampled once per poll (the values stay the fake's)."""
+    node = fakenvml.FakeNode.h100_mig(1)
+    g = node.gpus[0]
+    second = g.mig_devices[0]
+    g.mig_devices[4] = fakenvml.FakeMig(gpu_instance=second.gpu_instance, compute_instance=1, total=second.total,
+                                        used=second.used, uuid="MIG-00000004-0000-0000-0000-000000000004",
+                                        name=second.name, gpm={2: 40.0, 5: 10.0, 10: 20.0})
+    second.gpm = {2: 40.0, 5: 10.0, 10: 20.0}
+    d = start(node)
+    d.wait_value("gpuwatch_mig_sm_active_ratio", 0.4, **labels(node, 0, gpu_instance="2"))
+    body = d.get("/metrics")[1]
+    lines = [line for line in body.splitlines()
+             if line.startswith("gpuwatch_mig_memory_total_bytes{") and 'gpu_instance="2"' in line]
+    assert len(lines) == 1, lines
+    info = [dict(k[1]) for k in d.metrics() if k[0] == "gpuwatch_mig_instance_info"]
+    assert sorted(i["compute_instance"] for i in info if i["gpu_instance"] == "2") == ["0", "1"]

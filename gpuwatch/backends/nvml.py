@@ -249,7 +249,8 @@ def _fabric_info(handle: Any, versioned: bool) -> dict[str, Any]:
         info = _plain(N.c_nvmlGpuFabricInfo_t)()
         fn = N._nvmlGetFunctionPointer("nvmlDeviceGetGpuFabricInfo")
     N._nvmlCheckReturn(fn(handle, ctypes.byref(info)))
-    return {"state": int(info.state), "status": "success" if info.status == 0 else ERROR_NAMES.get(
+    # nvml.h declares the state an unsigned char; pynvml's structure reads a c_uint: keep the low byte
+    return {"state": int(info.state) & 0xFF, "status": "success" if info.status == 0 else ERROR_NAMES.get(
                 info.status, "unknown"),
             "clique_id": int(info.cliqueId), "cluster_uuid": bytes(info.clusterUuid),
             "health_mask": int(info.healthMask) if versioned else None}
@@ -334,10 +335,13 @@ class _MigDevices:
     destroyed, so they are looked up again each time) and ``readings`` reads each one (fast tier):
     its frame buffer (nvmlDeviceGetMemoryInfo on the MIG handle) and its GPM metrics over the last
     interval (nvmlGpmMigSampleGet on the parent with the GPU instance id, a sample pair per instance).
-    An instance that went away since the enumeration is left out of the readings."""
+    An instance that went away since the enumeration is left out of the readings. One lock: the slow
+    poll and the events thread enumerate, the fast poll reads, close() frees; a sample pair is never
+    freed under a call that uses it."""
 
     def __init__(self, handle: Any, metric_ids: tuple[int, ...]) -> None:
         self._handle = handle
+        self._lock = threading.Lock()
         self._ids = metric_ids
         self._devices: list[tuple[int, int, Any]] = []  # (gpu instance, compute instance, MIG handle)
         self._gpm: dict[int, _GpmPair] = {}  # gpu instance -> its sample pair
@@ -346,6 +350,10 @@ class _MigDevices:
         self.readings = self._readings
 
     def _instances(self) -> tuple[dict[str, Any], ...]:
+        with self._lock:
+            return self._enumerate()
+
+    def _enumerate(self) -> tuple[dict[str, Any], ...]:
         count = N.nvmlDeviceGetMaxMigDeviceCount(self._handle)
         found, devices = [], []
         for index in range(count):
@@ -363,12 +371,21 @@ class _MigDevices:
             devices.append((int(gi), int(ci), mig))
         self._devices = devices
         for gi in set(self._gpm) - {gi for gi, _, _ in devices}:  # destroyed instances
-            self._gpm.pop(gi).free()
+            pair = self._gpm.pop(gi, None)
+            if pair is not None:
+                pair.free()
         return tuple(found)
 
     def _readings(self) -> tuple[dict[str, Any], ...]:
-        out = []
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> tuple[dict[str, Any], ...]:
+        out, seen = [], set()
         for gi, _ci, mig in self._devices:
+            if gi in seen:  # a GPU instance split into several compute instances: its memory and GPM once
+                continue
+            seen.add(gi)
             try:
                 memory = N.nvmlDeviceGetMemoryInfo(mig)
             except N.NVMLError as exc:
@@ -387,16 +404,19 @@ class _MigDevices:
                     if exc.value not in _UNSUPPORTED and exc.value != N.NVML_ERROR_NOT_FOUND:
                         raise
                     got = None
-                    if exc.value in _UNSUPPORTED:
+                    if exc.value in (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_FUNCTION_NOT_FOUND):
                         self.gpm = False  # this driver has no per-instance GPM: stop asking
+                    # INVALID_ARGUMENT, NOT_FOUND: the instance went away; the next enumeration drops it
                 reading["gpm"] = None if got is None else got[0]
             out.append(reading)
         return tuple(out)
 
     def free(self) -> None:
-        for pair in self._gpm.values():
-            pair.free()
-        self._gpm = {}
+        with self._lock:
+            for pair in self._gpm.values():
+                pair.free()
+            self._gpm = {}
+            self._devices = []
 
 
 def _stateful(function: str, handle: Any, args: tuple[Any, ...]) -> Any:
@@ -489,6 +509,8 @@ class _Probe:
             return {}
         answered: dict[FieldKey, float | int] = {}
         for key, entry in zip(keys, entries):
+            if entry.nvmlReturn == _LOST:
+                raise N.NVMLError(_LOST)
             if entry.nvmlReturn == N.NVML_SUCCESS and entry.valueType < len(_VALUE_MEMBERS):
                 answered[key] = getattr(entry.value, _VALUE_MEMBERS[entry.valueType])
         self.fields.update(answered)
@@ -734,6 +756,7 @@ class NvmlBackend:
     def _probe(self, gpu: _Gpu) -> None:
         """Probe the enabled groups once: the fields of all of them in one call, then each group."""
         dev = _Probe(gpu.handle, self._probe_fields(gpu.handle), self._options)
+        gpu.cleanups = dev.cleanups  # freed with the GPU even when it is lost while probing
         fast, slow = [], []
         for group in self._groups:
             dev.group = group.name
@@ -744,7 +767,7 @@ class NvmlBackend:
                 slow.append((group.name, group.slow, reader))
             if group.name == "xid":
                 gpu.events = bool(getattr(reader, "supported", False))
-        gpu.fast, gpu.slow, gpu.features, gpu.cleanups = tuple(fast), tuple(slow), dev.features, dev.cleanups
+        gpu.fast, gpu.slow, gpu.features = tuple(fast), tuple(slow), dev.features
         gpu.mig = dev.mig if dev.features.get("mig") else None
         gpu.batches = {tier: _Batch(owners) for tier, owners in dev.used.items() if owners}
 

@@ -83,14 +83,20 @@ def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Obse
     per_minute = {kind: n / span * 60.0 for kind, n in increase.items()}
     crc = per_minute["crc_flit"] + per_minute["crc_data"]
     # each rate against its own limit; recovery (a link retrained) weighs most: its limit is the lowest
-    score = max(crc / config["crc_per_minute"], per_minute["replay"] / config["replay_per_minute"],
-                per_minute["recovery"] / config["recovery_per_minute"])
+    limit = _positive
+    score = max(crc / limit(config["crc_per_minute"]), per_minute["replay"] / limit(config["replay_per_minute"]),
+                per_minute["recovery"] / limit(config["recovery_per_minute"]))
 
     def summary() -> str:
         rising = ", ".join(f"{kind} {rate:.1f}/min" for kind, rate in per_minute.items() if rate > 0) or "none"
         return f"{gpu_label(window, uuid)} NVLink errors over the last {span / 60:.0f} min: {rising}"
 
     return Observation(score >= 1.0, score, 1.0, summary)
+
+
+def _positive(limit: float) -> float:
+    """A rate limit of 0 (or less) in the configuration means "any error at all"."""
+    return limit if limit > 0 else 1e-9
 
 
 # --------------------------------------------------------------------------------- fabric
@@ -120,6 +126,8 @@ def _fabric_degraded(window: Window, uuid: str, config: RuleConfig) -> Observati
     slow = None if _up_state(window, uuid) is None else window.slow(uuid)
     if slow is None or slow.fabric.fabric_state is None:
         return None
+    if slow.fabric.fabric_state != "completed":  # not registered: fabric_not_ready's case, not this one's
+        return Observation(False, 0.0, 0.0, lambda: f"{gpu_label(window, uuid)} fabric not registered")
     issues = sorted(issue for issue, present in slow.fabric.fabric_health.items() if present)
     return Observation(bool(issues), float(len(issues)), 0.0,
                        lambda: f"{gpu_label(window, uuid)} fabric health: "

@@ -48,8 +48,9 @@ def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observ
     assert state is not None
     held: dict[int, list[str]] = {}
     for w in state.workloads:
-        if w.gpu_instance is not None and w.scheduler != "unknown":
-            held.setdefault(w.gpu_instance, []).append(f"{w.scheduler} {w.job_id}".strip())
+        if w.gpu_instance is not None:  # as on a whole GPU, a process that cannot be attributed holds it too
+            holder = f"{w.scheduler} {w.job_id}".strip() if w.scheduler != "unknown" else "a process"
+            held.setdefault(w.gpu_instance, []).append(holder)
     fast = window.fast(uuid)
     for r in fast.mig if fast is not None else ():  # memory in use holds an instance too, as on a whole GPU
         if r.gpu_instance not in held and (r.memory_used_bytes or 0) >= config["min_memory_bytes"]:
