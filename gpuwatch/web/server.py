@@ -13,6 +13,7 @@ malformed request or a client that goes away is a debug event, never a traceback
 from __future__ import annotations
 
 import re
+import selectors
 import socket
 import ssl
 import sys
@@ -197,6 +198,36 @@ class _Server(ThreadingMixIn, WSGIServer):
         except (OSError, ValueError) as exc:
             _log().debug("http_connection_error", peer=peer, error=_reason(exc))
 
+    def serve(self) -> None:
+        """socketserver's serve_forever without its wake-up every poll_interval to look for a shutdown:
+        the accept loop sleeps on the listening socket and a wake-up pipe together, and ``stop``
+        writes to the pipe (an idle exporter's HTTP thread then costs nothing between scrapes)."""
+        wake_r, self._wake_w = socket.socketpair()
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self, selectors.EVENT_READ)
+                selector.register(wake_r, selectors.EVENT_READ)
+                while not self._stopping:
+                    for key, _ in selector.select():
+                        if key.fileobj is wake_r:
+                            return
+                        self._handle_request_noblock()  # type: ignore[attr-defined]  # socketserver's own step
+        finally:
+            wake_r.close()
+
+    _stopping = False
+    _wake_w: socket.socket | None = None
+
+    def stop(self) -> None:
+        """Ends ``serve`` from another thread."""
+        self._stopping = True
+        wake = self._wake_w
+        if wake is not None:
+            try:
+                wake.send(b"x")
+            except OSError:
+                pass
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver would print a traceback to stderr; nothing a client does deserves one
         exc = sys.exc_info()[1]
@@ -269,8 +300,7 @@ class HttpServers:
             self.close()
             raise
         self._threads = [
-            threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.5},
-                             name=f"gpuwatch-http-{i}", daemon=True)
+            threading.Thread(target=s.serve, name=f"gpuwatch-http-{i}", daemon=True)  # type: ignore[attr-defined]
             for i, s in enumerate(self.servers)
         ]
 
@@ -298,6 +328,10 @@ class HttpServers:
         for server, thread in zip(self.servers, threads):
             try:
                 if thread is not None and thread.is_alive():
-                    server.shutdown()
+                    server.stop()  # type: ignore[attr-defined]
+                    thread.join(timeout=5)
             finally:
                 server.server_close()
+                wake = getattr(server, "_wake_w", None)
+                if wake is not None:
+                    wake.close()
