@@ -94,7 +94,7 @@ def slow_sample(**overrides: Any) -> SlowSample:
         nvlink_up=dict.fromkeys(map(str, range(18)), True),
         nvlink_up_at_discovery=dict.fromkeys(map(str, range(18)), True),
         nvlink_remote={str(link): "NVSwitch" for link in range(18)},
-        nvlink_errors=dict.fromkeys(("crc_flit", "crc_data", "replay", "recovery", "ecc_data"), 0),
+        nvlink_errors=dict.fromkeys(groups.nvlink.ERRORS, 0),
         nvlink_traffic_bytes={"tx": 1.2e12, "rx": 1.1e12},
         fabric_state="completed",
         fabric_status="success",

@@ -63,7 +63,9 @@ class Device(Protocol):
     def call(self, function: str, *args: Any) -> Call:
         """The NVML function ``function`` (its C name, e.g. "nvmlDeviceGetTemperatureV") with the
         handle first and ``args`` after, prepared; a few names are the funnel's own versioned
-        wrappers (see backends/nvml.py)."""
+        wrappers (see backends/nvml.py), and two keep state between polls: "nvmlGpmMetricsGet"
+        (metric ids: the GPU's GPM sample pair) and "gpuwatch.mig" (metric ids: the MIG devices,
+        whose ``instances`` and ``readings`` are prepared calls)."""
         ...
 
     def probe(self, call: Call) -> Any:

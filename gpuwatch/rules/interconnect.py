@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpuwatch.groups.fabric import Fabric
 from gpuwatch.model import Observation, SlowSample
 from gpuwatch.rules.base import History, Rule, RuleConfig, Window, needs
-from gpuwatch.rules.health import _up_state
+from gpuwatch.rules.health import _slow, _up_state
 from gpuwatch.rules.thermal import gpu_label
 
 # ---------------------------------------------------------------------------------- links
@@ -73,7 +74,7 @@ def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[
 
 
 def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = None if _up_state(window, uuid) is None else window.slow(uuid)
+    slow = _slow(window, uuid)
     if slow is None or not slow.nvlink.nvlink_errors:
         return None
     lookback = config["lookback_seconds"]
@@ -102,11 +103,16 @@ def _positive(limit: float) -> float:
 # --------------------------------------------------------------------------------- fabric
 
 
+def _fabric(window: Window, uuid: str) -> Fabric | None:
+    """The GPU's fabric reading, if it is answering and registers with a fabric."""
+    slow = _slow(window, uuid)
+    return None if slow is None or slow.fabric.fabric_state is None else slow.fabric
+
+
 def _fabric_not_ready(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = None if _up_state(window, uuid) is None else window.slow(uuid)
-    if slow is None or slow.fabric.fabric_state is None:
+    fabric = _fabric(window, uuid)
+    if fabric is None:
         return None
-    fabric = slow.fabric
     failed = fabric.fabric_state == "completed" and fabric.fabric_status not in (None, "success")
     ready = fabric.fabric_state == "completed" and not failed
 
@@ -123,12 +129,12 @@ def _fabric_not_ready(window: Window, uuid: str, config: RuleConfig) -> Observat
 
 
 def _fabric_degraded(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = None if _up_state(window, uuid) is None else window.slow(uuid)
-    if slow is None or slow.fabric.fabric_state is None:
+    fabric = _fabric(window, uuid)
+    if fabric is None:
         return None
-    if slow.fabric.fabric_state != "completed":  # not registered: fabric_not_ready's case, not this one's
+    if fabric.fabric_state != "completed":  # not registered: fabric_not_ready's case, not this one's
         return Observation(False, 0.0, 0.0, lambda: f"{gpu_label(window, uuid)} fabric not registered")
-    issues = sorted(issue for issue, present in slow.fabric.fabric_health.items() if present)
+    issues = sorted(issue for issue, present in fabric.fabric_health.items() if present)
     return Observation(bool(issues), float(len(issues)), 0.0,
                        lambda: f"{gpu_label(window, uuid)} fabric health: "
                                f"{', '.join(i.replace('_', ' ') for i in issues) or 'no issue reported'}")

@@ -12,6 +12,7 @@ from gpuwatch.backends.simulated.faults import FAULT_KINDS, Conditions, Fault, H
 from gpuwatch.backends.simulated.profiles import _ALL_REASONS, _MIB, Profile, _fan_curve
 from gpuwatch.groups import fast_sample, slow_sample
 from gpuwatch.groups.mig import MigInstance, MigReading
+from gpuwatch.groups.nvlink import ERRORS as NVLINK_ERRORS
 from gpuwatch.model import (
     CLOCKS,
     CLOCKS_EVENT_REASON_BITS,
@@ -411,7 +412,7 @@ def _nvlink(g: _Gpu) -> dict[str, object]:
     return dict(
         nvlink_up={str(link): link not in g.nvlink_down for link in range(links)},
         nvlink_errors={kind: int(g.health.nvlink_errors.get(kind, 0.0))
-                       for kind in ("crc_flit", "crc_data", "replay", "recovery", "ecc_data")},
+                       for kind in NVLINK_ERRORS},
         nvlink_traffic_bytes={d: float(round(v / 1024) * 1024) for d, v in g.nvlink_bytes.items()},
         nvlink_up_at_discovery={str(link): True for link in range(links)},
         nvlink_remote={str(link): f"NVSwitch 00000000:{0x05 + link % 4:02X}:00.0" for link in range(links)},
