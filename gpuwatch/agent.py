@@ -9,8 +9,10 @@ drive an Agent; nothing else constructs these parts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
-from gpuwatch import logs, web
+from gpuwatch import groups, logs, web
 from gpuwatch.attribution import Attributor
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock
@@ -63,6 +65,21 @@ def make_backend(config: Config, clock: Clock) -> Backend:
     return NvmlBackend(config.collectors, config.collector_options)
 
 
+def make_host_reader(config: Config, backend: Backend, clock: Clock) -> Callable[..., Any] | None:
+    """The host groups' reader: the simulator's own for the simulated backend, none for a replay
+    (a trace has no host side), else gpuwatch/hostside/ over this machine's /proc and cgroups."""
+    enabled = config.collectors & {g.name for g in groups.HOST}
+    if not enabled or config.backend == "replay":
+        return None
+    simulated = getattr(backend, "read_host", None)
+    if simulated is not None:
+        return simulated
+    from gpuwatch.hostside import HostReader
+
+    return HostReader(enabled, config.collector_options, config.attribution_proc_root,
+                      config.attribution_cgroup_root, config.attribution_mapping_dir, clock.monotonic)
+
+
 class Agent:
     """Backend, store, poller, collector and HTTP servers, wired together."""
 
@@ -74,12 +91,15 @@ class Agent:
         rules = all_rules()
         self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
                              config.rules_window, config.rules_expected_gpus,
-                             min_history_seconds=config.poll_slow_interval + config.staleness("fast"))
+                             min_history_seconds=config.poll_slow_interval + config.staleness("fast"),
+                             host_staleness=config.staleness("slow"))
         attribute = None
         if "processes" in config.collectors:
-            attribute = Attributor(config.attribution_proc_root, config.attribution_mapping_dir).attribute
+            attribute = Attributor(config.attribution_proc_root).attribute
+        self.host = make_host_reader(config, self.backend, self.clock)
         self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval,
-                             evaluate=self.evaluate_rules, attribute=attribute, enabled=config.collectors)
+                             evaluate=self.evaluate_rules, attribute=attribute, enabled=config.collectors,
+                             host=self.host)
         options = config.collector_options
         self.exposition = build_exposition(
             self.store.snapshot, self.clock, config.staleness, enabled=config.collectors,
@@ -137,3 +157,6 @@ class Agent:
         if self.http is not None:
             self.http.close()
         self.poller.stop()
+        close = getattr(self.host, "close", None)
+        if close is not None:
+            close()

@@ -9,9 +9,9 @@ Each PID's ``/proc/PID/cgroup`` says which workload it belongs to:
 - otherwise ``none``.
 
 The user comes from the ``Uid:`` line of ``/proc/PID/status``. A PID from another PID namespace or
-a process that exits mid-read is ``unknown``, quietly: no log line per process. Optionally, dcgm-
-exporter's HPC job-mapping directory (one file per GPU index, a job id per line, written by a
-Slurm prolog) names the jobs of sites whose gpuwatch cannot see host PIDs.
+a process that exits mid-read is ``unknown``, quietly: no log line per process. Jobs that hold a
+GPU without a process on it come from the slurm and kubernetes groups (gpuwatch/hostside/),
+dcgm-exporter's HPC job-mapping directory among them.
 """
 
 from __future__ import annotations
@@ -58,22 +58,12 @@ def parse_cgroup(text: str) -> tuple[str, str, str]:
     return "none", "", ""
 
 
-def read_mapping_dir(directory: Path, index: int) -> list[str]:
-    """Job ids for a GPU index from a dcgm-exporter style mapping directory (missing file: none)."""
-    try:
-        text = (directory / str(index)).read_text()
-    except OSError:
-        return []
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
 class Attributor:
     """Maps NVML process lists to ProcessInfo. Reads ``proc_root`` (injected in tests), nothing else."""
 
-    def __init__(self, proc_root: str | os.PathLike[str] = "/proc", mapping_dir: str | os.PathLike[str] | None = None,
+    def __init__(self, proc_root: str | os.PathLike[str] = "/proc",
                  user_name: Callable[[int], str] = _user_name) -> None:
         self._proc = Path(proc_root)
-        self._mapping = None if mapping_dir is None else Path(mapping_dir)
         self._user_name = user_name
 
     def _one(self, process: GpuProcess) -> ProcessInfo:
@@ -97,10 +87,4 @@ class Attributor:
 
     def attribute(self, identity: GpuIdentity, processes: Iterable[GpuProcess] | None) -> tuple[ProcessInfo, ...]:
         infos = [self._one(p) for p in processes or ()]
-        if self._mapping is not None:
-            known = {(i.scheduler, i.job_id) for i in infos}
-            for job_id in read_mapping_dir(self._mapping, identity.index):
-                if ("slurm", job_id) not in known:
-                    # pid 0: the job is known from the mapping directory, not from a visible process
-                    infos.append(ProcessInfo(0, None, "", "slurm", job_id))
         return tuple(sorted(infos, key=lambda i: (i.scheduler, i.job_id, i.pid)))

@@ -57,6 +57,7 @@ class Config:
     collector_options: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(COLLECTOR_DEFAULTS))
     attribution_proc_root: str = "/proc"
     attribution_mapping_dir: str | None = None  # dcgm-exporter style HPC job mapping directory
+    attribution_cgroup_root: str = "/sys/fs/cgroup"  # the jobs' cgroups (slurm and jobs groups)
     rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
     rules_window: float = 300.0  # seconds of history the rules may look back
     rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # YAML `rules:` per-rule settings
@@ -214,6 +215,17 @@ def _addresses(value: Any) -> tuple[str, ...]:
     return tuple(result)
 
 
+def _text(key: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a text value, got {value!r}")
+        text = str(value).strip()
+        if "\x00" in text or "\n" in text:
+            raise ConfigError(f"{key}: {value!r} has a line break or NUL in it")
+        return text
+    return parse
+
+
 def _path(value: Any) -> str:
     text = str(value)
     if not text.startswith("/") or text in ("/", "/healthz", "/api/v1/status") or any(c.isspace() for c in text):
@@ -278,6 +290,8 @@ OPTIONS: tuple[Option, ...] = (
            "replay backend: start over at the end of the trace instead of holding its last state", switch=True),
     Option("attribution.proc-root", "attribution_proc_root", _existing("attribution.proc-root", directory=True),
            "where to read PIDs' cgroups and owners (default /proc)"),
+    Option("attribution.cgroup-root", "attribution_cgroup_root", str,
+           "where the jobs' cgroups are: Slurm jobs and pods for the slurm and jobs groups (default /sys/fs/cgroup)"),
     Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir",
            _existing("attribution.hpc-job-mapping-dir", directory=True),
            "dcgm-exporter style directory of job ids per GPU index, written by a Slurm prolog (default: none)"),
@@ -306,7 +320,7 @@ def _collector_options() -> tuple[Option, ...]:
         for name, (default, text) in g.options.items():
             key = f"collector.{g.name}.{name}"
             switch = isinstance(default, bool)
-            parse = _bool(key) if switch else _int(key, 1, 1_000_000)
+            parse = _bool(key) if switch else _text(key) if isinstance(default, str) else _int(key, 1, 1_000_000)
             options.append(Option(key, f"collector:{g.name}.{name}", parse, f"{text} (default {default})",
                                   switch=switch))
     return tuple(options)

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups import FEATURES, FastSample, SlowSample  # noqa: F401 - the samples are part of the model
+from gpuwatch.groups import (  # noqa: F401 - the samples are part of the model
+    FEATURES,
+    FastSample,
+    GpuHost,
+    HostSample,
+    SlowSample,
+)
 from gpuwatch.groups.clocks import (  # noqa: F401
     CLOCKS,
     CLOCKS_EVENT_REASON_BITS,
@@ -99,6 +105,8 @@ class GpuState:
     xid_last_timestamp: Mapping[int, float] = field(default_factory=dict)
     workloads: tuple[ProcessInfo, ...] = ()  # attributed processes of the last slow poll
     visible: bool = True  # False: not in the last discovery (kept so that it shows up as down)
+    host: GpuHost | None = None  # its allocations, from the last read of the host groups
+    host_monotonic: float | None = None  # when that read ended
 
     def fresh_fast(self, now: float, bound: float) -> FastSample | None:
         """The fast sample, if the GPU is up and the sample fresh; else None."""
@@ -107,6 +115,10 @@ class GpuState:
     def fresh_slow(self, now: float, bound: float) -> SlowSample | None:
         """The slow sample, if the GPU is up and the sample fresh; else None."""
         return self.slow if self.up and fresh(self.slow_monotonic, now, bound) else None
+
+    def fresh_host(self, now: float, bound: float) -> GpuHost | None:
+        """Its allocations, if the host read is fresh (a lost GPU stays allocated to its job); else None."""
+        return self.host if fresh(self.host_monotonic, now, bound) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +160,13 @@ class NodeSnapshot:
     rule_onsets: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> onsets on any GPU or the node
     rule_errors: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> evaluations that raised
     events_ok: bool | None = None  # the XID events thread's last wait worked (None: not started)
+    host: HostSample | None = None  # the last read of the host groups (gpuwatch/hostside/)
+    host_monotonic: float | None = None
+    host_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (group, error) -> count
+
+    def fresh_host(self, now: float, bound: float) -> HostSample | None:
+        """The last host read, while it is fresh (the slow tier's staleness bound)."""
+        return self.host if fresh(self.host_monotonic, now, bound) else None
 
     def collecting(self, now: float, fast_bound: float) -> tuple[bool, str]:
         """Whether gpuwatch collects: the backend is up and a fast poll completed within the staleness

@@ -8,6 +8,8 @@
   upgraded without reboot) the poller logs the cause once with a hint, retries with capped
   exponential backoff and recovers by itself. One lost GPU never stops the others.
 - XID events arrive on their own thread (``wait_events``) and go into the store.
+- the host groups (Slurm allocations, the kubelet's pods, the jobs' CPU time: gpuwatch/hostside/)
+  are read by a job of their own every slow interval, so a slow scontrol or kubelet delays no poll.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +30,7 @@ from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.logs import Repeats, get_logger
-from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, ProcessInfo, SlowSample
+from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSample, ProcessInfo, SlowSample
 from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
@@ -91,6 +93,7 @@ class Poller:
         evaluate: Callable[[], None] | None = None,
         attribute: Callable[[GpuIdentity, tuple[GpuProcess, ...] | None], tuple[ProcessInfo, ...]] | None = None,
         enabled: Collection[str] = groups.DEFAULT_ENABLED,
+        host: Callable[[Sequence[GpuState]], HostSample] | None = None,
     ) -> None:
         self._backend = backend
         self._store = store
@@ -99,6 +102,8 @@ class Poller:
         self._slow_interval = slow_interval
         self._evaluate = evaluate
         self._attribute = attribute
+        self._host = host
+        self._host_overrun_logged = False
         # tier -> the enabled groups that read in it, for gpuwatch_collector_success/_duration_seconds
         self._tier_groups = {tier: tuple(g.name for g in groups.GROUPS if g.name in enabled and getattr(g, tier))
                              for tier in ("fast", "slow")}
@@ -164,6 +169,7 @@ class Poller:
             self._up = True
             self._backoff = self._fast_interval
             self._slow_due = True
+            self._wake_host()  # the allocations of the GPUs just found, without waiting a slow interval
             event = "backend_recovered" if self._last_down_reason else "backend_up"
             self._log.info(event, gpus=len(gpus), driver_version=driver.driver_version)
             if not gpus:
@@ -286,6 +292,28 @@ class Poller:
         self._store.poll_finished(tier, complete, time.perf_counter() - started, errors,
                                   {name: (seconds, ok and complete) for name, (seconds, ok) in stats.items()})
 
+    def poll_host(self) -> None:
+        """One read of the host groups, on the host job's own thread (never an NVML poll's)."""
+        self._host_overrun_logged = False
+        if self._host is None:
+            return
+        gpus = [g for g in self._store.snapshot().gpus if g.visible]
+        try:
+            sample = self._host(gpus)
+        except Exception as exc:  # a bug in a host source: the polls and the other readings go on
+            self._repeats.log("error", "host_read_failed", ("host_read_failed",),
+                              error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            return
+        self._store.put_host(sample)
+
+    def _wake_host(self) -> None:
+        scheduler = self._scheduler
+        if scheduler is not None and self._host is not None:
+            try:
+                scheduler.modify_job("host", next_run_time=_now())
+            except Exception:  # shutting down: nothing to wake
+                pass
+
     def _workloads(self, identity: GpuIdentity, sample: SlowSample) -> tuple[ProcessInfo, ...]:
         if self._attribute is None:
             return ()
@@ -350,6 +378,13 @@ class Poller:
     # -- scheduling ----------------------------------------------------------------------------
     def _on_max_instances(self, event: JobExecutionEvent) -> None:
         tier = event.job_id
+        if tier == "host":
+            if not self._host_overrun_logged:
+                self._host_overrun_logged = True
+                self._log.warning("host_read_overrun",
+                                  hint="reading the host groups (scontrol, the kubelet, /proc) takes longer than the "
+                                       "slow interval; their readings go stale, the polls are not affected")
+            return
         if tier not in ("fast", "slow"):
             return
         self._store.poll_overrun(tier)
@@ -370,6 +405,9 @@ class Poller:
         scheduler.add_job(self.poll_fast, "interval", seconds=self._fast_interval, id="fast",
                           next_run_time=_now())
         scheduler.add_job(self.poll_slow, "interval", seconds=self._slow_interval, id="slow")
+        if self._host is not None:
+            scheduler.add_job(self.poll_host, "interval", seconds=self._slow_interval, id="host",
+                              next_run_time=_now())
         if self._evaluate is not None:
             # A wake-up of the scheduler costs about as much CPU as a GPU's poll: the timer that runs
             # the rules while polls stall needs no more than one every few seconds (the watchdog

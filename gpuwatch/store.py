@@ -18,6 +18,7 @@ from gpuwatch.model import (
     DriverInfo,
     FastSample,
     GpuState,
+    HostSample,
     NodeSnapshot,
     ProcessInfo,
     SlowSample,
@@ -46,6 +47,9 @@ class Store:
         self._onsets: dict[str, int] = {}
         self._events_ok: bool | None = None
         self._rule_errors: dict[str, int] = {}
+        self._host: HostSample | None = None
+        self._host_monotonic: float | None = None
+        self._host_errors: Counter[tuple[str, str]] = Counter()
 
     # -- writers -----------------------------------------------------------------------------
     def _changed(self) -> None:
@@ -90,7 +94,8 @@ class Store:
             s = self._gpus[uuid]
             # GpuState(...) spelled out: dataclasses.replace costs as much as reading the GPU's power
             self._gpus[uuid] = GpuState(s.identity, s.features, True, sample, self._clock.monotonic(), s.slow,
-                                        s.slow_monotonic, s.xid_counts, s.xid_last_timestamp, s.workloads, s.visible)
+                                        s.slow_monotonic, s.xid_counts, s.xid_last_timestamp, s.workloads, s.visible,
+                                        s.host, s.host_monotonic)
             self._changed()
 
     def put_slow(self, uuid: str, sample: SlowSample, workloads: tuple[ProcessInfo, ...] = ()) -> None:
@@ -99,6 +104,18 @@ class Store:
             self._gpus[uuid] = dataclasses.replace(
                 state, slow=sample, slow_monotonic=self._clock.monotonic(), workloads=workloads
             )
+            self._changed()
+
+    def put_host(self, sample: HostSample) -> None:
+        """A read of the host groups: the node's part, and each GPU's allocations (``HostSample.on``)."""
+        with self._lock:
+            now = self._clock.monotonic()
+            self._host, self._host_monotonic = sample, now
+            self._host_errors.update(sample.errors)
+            for uuid, state in self._gpus.items():
+                part = sample.on(uuid)
+                self._gpus[uuid] = dataclasses.replace(
+                    state, host=state.host if part == state.host else part, host_monotonic=now)
             self._changed()
 
     def set_gpu_up(self, uuid: str, up: bool) -> bool:
@@ -193,5 +210,8 @@ class Store:
                     rule_onsets=self._onsets,
                     rule_errors=self._rule_errors,
                     events_ok=self._events_ok,
+                    host=self._host,
+                    host_monotonic=self._host_monotonic,
+                    host_errors=dict(self._host_errors),
                 )
             return self._snapshot

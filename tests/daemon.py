@@ -111,6 +111,11 @@ def fake_env(fx: fakenvml.FakeNvmlEnv) -> dict[str, str]:
     env = dict(fx.env)
     env.pop("GPUWATCH_CONFIG", None)
     env["PYTHONUNBUFFERED"] = "1"
+    # The host groups read no part of this machine: no cgroups (no jobs), no kubelet, no scontrol;
+    # tests that want them pass their own fake trees, socket and scontrol.
+    env["GPUWATCH_ATTRIBUTION_CGROUP_ROOT"] = "/nonexistent/gpuwatch-test/cgroup"
+    env["GPUWATCH_COLLECTOR_KUBERNETES_SOCKET"] = "/nonexistent/gpuwatch-test/kubelet.sock"
+    env["GPUWATCH_COLLECTOR_SLURM_SCONTROL"] = "/nonexistent/gpuwatch-test/scontrol"
     # the package under test, whatever the current directory
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     return env

@@ -57,16 +57,6 @@ def test_attributor_reads_only_the_injected_proc_and_handles_vanished_pids(tmp_p
     ]
 
 
-def test_dcgm_mapping_directory_names_jobs_of_invisible_processes(tmp_path):
-    mapping = tmp_path / "map"
-    mapping.mkdir()
-    (mapping / "1").write_text("555\n556\n")
-    attributor = Attributor(tmp_path / "proc", mapping_dir=mapping)
-    assert [(i.scheduler, i.job_id, i.pid) for i in attributor.attribute(identity(1), ())] == [
-        ("slurm", "555", 0), ("slurm", "556", 0)]
-    assert attributor.attribute(identity(0), ()) == ()
-
-
 def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path):
     """Over the fake library: GPU 0 runs Slurm job 4242 of alice (two processes), GPU 1 a Kubernetes pod,
     GPU 2 nothing; per-process series only with --collector.processes.per-pid and capped. (uids without a

@@ -124,6 +124,10 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
     from gpuwatch import groups
     from gpuwatch.exporter import Exposition
     from gpuwatch.exporter.collector import Renderer, _default_select, _gpu_core, _sort_key, build_labels
+    from gpuwatch.groups import HostSample
+    from gpuwatch.groups.jobs import JobUsage
+    from gpuwatch.groups.kubernetes import PodAllocation
+    from gpuwatch.groups.slurm import JobAllocation
     from gpuwatch.model import Anomaly, XidEvent
 
     clock = FakeClock()
@@ -136,6 +140,11 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
         store.put_fast(gpu.identity.uuid, fast_sample(fans=(fan(0), fan(1, speed=0.0))))
         store.put_slow(gpu.identity.uuid, slow_sample())
     store.record_xid(XidEvent(gpus[0].identity.uuid, 79, 1_700_000_100.5))
+    store.put_host(HostSample(
+        slurm=(JobAllocation(gpus[0].identity.uuid, "42", "alice", "devices"),),
+        kubernetes=(PodAllocation(gpus[1].identity.uuid, "ml", "train-0", "main", 3),),
+        jobs=(JobUsage("slurm", "42", (10.5, 2.0, 0.25), 4096, None, 8.0, 3),),
+        errors=(("slurm", "scontrol_timeout"),), collected=(("slurm", 0.002, False), ("jobs", 0.001, True))))
     store.set_anomalies((Anomaly("overheating", "critical", gpus[1].identity.uuid, "1", True, 1_700_000_000.25, 2),
                          Anomaly("backend_down", "critical")), {"overheating": 2, "backend_down": 0}, {"overheating": 1})
     store.poll_finished("fast", True, 0.0123, groups={"thermal": (0.001, True), "fans": (0.002, False)})
@@ -156,10 +165,16 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
             prefix = (str(state.identity.index), state.identity.uuid)
             _gpu_core(collecting(prefix), state, groups.features_of(groups.DEFAULT_ENABLED))
             fast, slow = state.fresh_fast(now, 6.0), state.fresh_slow(now, 90.0)
+            host = state.fresh_host(now, 90.0)
             for group in groups.GROUPS:
                 if group.render is not None:
-                    group.render(collecting(prefix), *(group.select or _default_select(group))(state, fast, slow))
+                    group.render(collecting(prefix), *(group.select or _default_select(group))(
+                        state, None if group.host else fast, host if group.host else slow))
+            if host is not None and host.allocated is not None:
+                collecting(prefix)("gpuwatch_gpu_allocated", (), host.allocated)
         Renderer(staleness, build_labels())._node(collecting(()), snap, now, 90.0, 0)
+        assert {"gpuwatch_gpu_allocated", "gpuwatch_gpu_pod_info", "gpuwatch_job_cpu_seconds_total",
+                "gpuwatch_collector_errors_total"} <= rows.keys()
         registry = CollectorRegistry(auto_describe=False)
         families = []
         for name in sorted(rows):

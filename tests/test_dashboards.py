@@ -541,7 +541,10 @@ def stack(tmp_path_factory):
         sim_env["PYTHONUNBUFFERED"] = "1"
         sim_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), sim_env.get("PYTHONPATH", "")])
         (root / "sim").mkdir()
-        sim = Daemon(root / "sim", sim_env, ["--backend", "simulated", "--sim.faults", "true", "--sim.gpus", "4"])
+        sim_config = root / "sim" / "gpuwatch.yml"  # the tour's input-bound job (GPU 0): at once, not after 5 min
+        sim_config.write_text("rules: {input_bound: {hold: 0, every: 0}}\n")
+        sim = Daemon(root / "sim", sim_env, ["--backend", "simulated", "--sim.faults", "true", "--sim.gpus", "4",
+                                             "--config", str(sim_config)])
         started.append(sim)
         (root / "mig").mkdir()
         mig = Daemon(root / "mig", sim_env, ["--backend", "simulated", "--sim.profile", "h100-mig", "--sim.gpus", "2"])
@@ -681,14 +684,16 @@ def test_jobs_panels_show_the_jobs(stack):
         return {(s["metric"].get("scheduler"), s["metric"].get("job_id", ""), s["metric"].get("user", "")):
                 float(s["value"][1]) for s in result}
 
-    assert scalar("Jobs") == 3  # slurm 4242, slurm 4343, and the unattributed process
-    assert scalar("GPUs held") == 2
+    sim = instances["sim"]
+    assert scalar("Jobs") == 4  # slurm 4242, slurm 4343, the unattributed process; the simulator's 4300
+    assert scalar("GPUs held") == 3
     assert scalar("Held GPUs idle") == 1
     assert scalar("Power drawn by jobs") > 0
 
     running = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["scheduler"], s["metric"].get("job_id", ""),
                 s["metric"].get("user", ""), s["metric"]["name"]): float(s["value"][1])
-               for s in _panel_result(prom, instances, uid, "Running jobs")}  # Prometheus omits empty labels
+               for s in _panel_result(prom, instances, uid, "Running jobs")
+               if s["metric"]["instance"] == nvml}  # Prometheus omits empty labels
     unattributed = (nvml, "1", "unknown", "", "", "NVIDIA H200")
     assert math.isnan(running.pop(unattributed))  # listed, with memory "n/a"
     assert running == {(nvml, "0", "slurm", "4242", "54321", "NVIDIA H200"): 5 * GIB,
@@ -698,6 +703,21 @@ def test_jobs_panels_show_the_jobs(stack):
     assert {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["job_id"], s["metric"]["user"]) for s in idle} \
         == {(nvml, "0", "4242", "54321")}
     assert all(0 <= float(s["value"][1]) < 600 for s in idle)  # firing for: seconds since the onset
+
+    # the simulator's Slurm job 4300: allocated GPU 0 (no process), at 35 % while its loaders keep 97 % of its
+    # 16 CPUs busy: input_bound (hold 0 here)
+    starved = _panel_result(prom, instances, uid, "Input-bound GPUs")
+    assert {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["job_id"], s["metric"]["user"])
+            for s in starved} == {(sim, "0", "4300", "sim")}
+    (fed,) = [p for p in query_panels(load(uid)) if p["title"] == "GPU busy against CPU saturation and I/O wait per job"]
+    busy, cpus, wait = ({s["metric"].get("job_id", ""): float(s["value"][1])
+                         for s in prom.result(_substitute(t["expr"], _values(instances)))} for t in fed["targets"])
+    # (the CPU share is a rate over $__rate_interval, 30 s here, of a counter a few seconds old: Prometheus
+    # extrapolates it to only part of the window, so it is below 0.97 now; the I/O share is a ratio of two
+    # such rates, exact already)
+    assert busy["4300"] == pytest.approx(0.35, abs=0.05) and 0 < cpus["4300"] <= 1.0
+    assert wait["4300"] == pytest.approx(0.05, abs=0.01) and busy["4343"] == pytest.approx(0.70)
+    assert {s["metric"]["job_id"] for s in _panel_result(prom, instances, uid, "Storage reads per job")} == {"4300"}
 
     slurm_a, slurm_b, unknown = ("slurm", "4242", "54321"), ("slurm", "4343", "54322"), ("unknown", "", "")
     utilization = by_job("GPU utilization per job")
@@ -714,7 +734,7 @@ def test_jobs_panels_show_the_jobs(stack):
     energy = by_job("Energy per job")
     assert energy[slurm_a] > 0 and energy[slurm_b] == pytest.approx(energy[unknown])
     per_user = {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "GPU-hours per user")}
-    assert per_user == {"54321", "54322", "(none)"}
+    assert per_user == {"54321", "54322", "(none)", "sim"}
     assert {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "Energy per user")} == per_user
     # a selected user (Grafana sends the value as a regex): only that user's jobs
     assert set(by_job("GPU-hours per job", {**_values(instances), "user": "54321"})) == {slurm_a}

@@ -54,6 +54,7 @@ def test_golden_exposition_over_the_fake_library(fixture_node_daemon):
     d = fixture_node_daemon
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    d.wait_value("gpuwatch_collector_success", 1, group="jobs")  # the host job has read (no job here)
     status, body = d.get("/metrics")
     assert status == 200
     promtool_check(body)
@@ -104,6 +105,7 @@ def test_golden_exposition_with_firing_anomalies(tmp_path):
         d.wait_value("gpuwatch_anomaly", 1, rule="ecc_uncorrectable", severity="critical", **labels)
         d.wait_value("gpuwatch_anomaly", 1, rule="row_remap_pending", severity="warning", **labels)
         d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+        d.wait_value("gpuwatch_collector_success", 1, group="jobs")
         status, body = d.get("/metrics")
         promtool_check(body)
         check_golden("nvml-fixture-anomalies.prom", stable(body))

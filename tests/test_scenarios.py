@@ -86,8 +86,8 @@ def play(scenario: Scenario) -> Run:
     clock = FakeClock()
     backend = scenario.backend(clock)
     store = Store(clock, backend.name)
-    poller = Poller(backend, store, clock, fast_interval=FAST, slow_interval=SLOW)
-    engine = Engine(all_rules(), CONFIGS, fast_staleness=STALENESS)
+    poller = Poller(backend, store, clock, fast_interval=FAST, slow_interval=SLOW, host=backend.read_host)
+    engine = Engine(all_rules(), CONFIGS, fast_staleness=STALENESS, host_staleness=3 * SLOW)
     fast, slow = _Tier(poller.poll_fast, backend), _Tier(poller.poll_slow, backend)
     start = clock.monotonic()
     run = Run()
@@ -99,6 +99,8 @@ def play(scenario: Scenario) -> Run:
             if tick and tick % int(SLOW / FAST) == 0:
                 slow.run()
             fast.run()
+            if tick % int(SLOW / FAST) == 0:
+                poller.poll_host()  # the host job, every slow interval from the start
             try:
                 for event in backend.wait_events(0):
                     store.record_xid(event)

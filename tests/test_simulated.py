@@ -594,7 +594,8 @@ def test_demo_tour_fits_fanless_and_small_nodes():
     assert backend.read_slow(uuids[1]).nvlink.nvlink_errors["crc_flit"] > 100
     assert "mig_idle_allocation" in {f.kind for f in demo_tour(600, profile="h100-mig")}
     small = demo_tour(600, gpu_count=4)
-    assert {f.gpu for f in small} == {1, 2, 3}
+    assert {f.gpu for f in small} == {0, 1, 2, 3}  # GPU 0: the input-bound job
+    assert {f.gpu for f in demo_tour(600, gpu_count=3)} == {0, 1, 2}
     SimulatedBackend(FakeClock(), gpu_count=4, faults=small)
     assert all(f.repeat_seconds == 900 for f in demo_tour(900))
 

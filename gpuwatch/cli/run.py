@@ -43,6 +43,7 @@ def _exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
 
 def _once(agent: Agent) -> int:
     agent.poller.poll_fast()  # opens the backend and also runs the first slow poll
+    agent.poller.poll_host()  # and the host groups once (allocations, jobs)
     sys.stdout.buffer.write(agent.exposition.render()[0])
     sys.stdout.flush()
     up = agent.poller.backend_up

@@ -27,6 +27,9 @@ _SPECS = (
          "Static GPU facts, value 1 (nvidia-smi -q 'Product Name', 'Bus Id', 'Serial Number', 'VBIOS Version')."),
     Spec("gpuwatch_gpu_up", "gauge", G,
          "1 while the GPU answers; 0 when it is lost (GPU_IS_LOST, e.g. fell off the bus) or the backend is down."),
+    Spec("gpuwatch_gpu_allocated", "gauge", G,
+         "1 while a scheduler has the GPU allocated to a job or pod (the slurm and kubernetes groups: cgroup "
+         "devices, scontrol, the mapping directory, the kubelet), 0 while it is free; absent when none can be read."),
     Spec("gpuwatch_gpu_feature_supported", "gauge", G + ("feature",),
          "1 if the GPU supports the reading, 0 if NVML reports it NOT_SUPPORTED (probed once at discovery)."),
     # anomalies (rule evaluators, docs/rules.md)
@@ -59,6 +62,9 @@ _SPECS = (
          "(node_exporter's node_scrape_collector_success)."),
     Spec("gpuwatch_collector_duration_seconds", "gauge", ("group",),
          "Seconds the reading group's last read took, all GPUs together."),
+    Spec("gpuwatch_collector_errors_total", "counter", ("group", "error"),
+         "Failures of a host group's sources (slurm, kubernetes, jobs) by kind, e.g. scontrol_timeout, "
+         "scontrol_failed, kubelet_unavailable; each kind is logged once until it recovers."),
 )
 
 CATALOGUE: dict[str, Spec] = {spec.name: spec for spec in _SPECS + GROUP_SPECS}

@@ -152,6 +152,16 @@ def _gpu_core(emit: Callable[..., None], state: GpuState, features: Collection[s
             emit("gpuwatch_gpu_feature_supported", (feature,), state.features[feature])
 
 
+def _host_select(state: GpuState, fast: Any, host: Any) -> tuple[Any, Any]:
+    return None, host
+
+
+def _allocated(emit: Callable[..., None], _: None, host: Any) -> None:
+    """gpuwatch_gpu_allocated: 1 allocated by any scheduler group, 0 free, absent when none can tell."""
+    if host is not None:
+        emit("gpuwatch_gpu_allocated", (), host.allocated)
+
+
 def _default_select(group: Group) -> Callable[[GpuState, Any, Any], tuple[Any, Any]]:
     fast_attr, slow_attr = group.fast, group.slow
 
@@ -187,8 +197,12 @@ class Renderer:
         self._build = build
         self._enabled = frozenset(enabled)
         self._features = groups.features_of(self._enabled)
-        self._groups = [(g.name, g.render, g.select, g.fast, g.slow)
+        self._groups = [(g.name, g.render, g.select, g.fast, g.slow, g.host)
                         for g in groups.GROUPS if g.name in self._enabled and g.render is not None]
+        if self._enabled & groups.SCHEDULERS:  # gpuwatch_gpu_allocated: the scheduler groups' together
+            self._groups.append(("allocated", _allocated, _host_select, None, None, "allocated"))
+        self._node_groups = [(g.render_node, g.host or g.name) for g in groups.GROUPS
+                             if g.name in self._enabled and g.render_node is not None]
         self._per_pid_max = per_pid_max if "processes" in self._enabled else 0
         # uuid -> its entries: [0] the GPU's own families (identity, up, features), then one per group
         self._entries: dict[str, list[_Entry | None]] = {}
@@ -217,8 +231,10 @@ class Renderer:
                                         (state,), rebuild)
             fast = state.fresh_fast(now, fast_bound)
             slow = state.fresh_slow(now, slow_bound)
-            for i, (_, render, select, fast_attr, slow_attr) in enumerate(self._groups, 1):
-                if select is None:
+            for i, (_, render, select, fast_attr, slow_attr, host_attr) in enumerate(self._groups, 1):
+                if host_attr is not None:
+                    a, b = (select or _host_select)(state, None, state.fresh_host(now, slow_bound))
+                elif select is None:
                     a = getattr(fast, fast_attr) if fast_attr and fast is not None else None
                     b = getattr(slow, slow_attr) if slow_attr and slow is not None else None
                 else:
@@ -310,6 +326,12 @@ class Renderer:
         for name, seconds, ok in self._collectors(snap):
             add("gpuwatch_collector_success", (name,), ok)
             add("gpuwatch_collector_duration_seconds", (name,), seconds)
+        for (group, error), count in snap.host_errors.items():
+            add("gpuwatch_collector_errors_total", (group, error), count)
+        if self._node_groups:
+            host = snap.fresh_host(now, slow_bound)
+            for render_node, attr in self._node_groups:
+                render_node(add, None if host is None else getattr(host, attr))
         for anomaly in snap.anomalies:
             if not anomaly.firing:  # sparse, like ALERTS: quiet rules have no series (contract v2)
                 continue
@@ -337,8 +359,13 @@ class Renderer:
     def _collectors(self, snap: NodeSnapshot) -> Iterable[tuple[str, float | None, bool | None]]:
         """(group, seconds, succeeded) of each enabled group: its last fast and last slow read together."""
         fast, slow = snap.tiers.get("fast"), snap.tiers.get("slow")
+        host = {name: (seconds, ok) for name, seconds, ok in snap.host.collected} if snap.host is not None else {}
         for group in groups.GROUPS:
             if group.name not in self._enabled:
+                continue
+            if group.host is not None:
+                if group.name in host:
+                    yield group.name, *host[group.name]
                 continue
             if group.name == "xid":
                 if snap.events_ok is not None:
@@ -353,6 +380,6 @@ def freshness_key(snap: NodeSnapshot, now: float, staleness: Callable[[str], flo
     """What, besides the snapshot itself, decides the exposition: which readings are still fresh."""
     fast_bound, slow_bound = staleness("fast"), staleness("slow")
     tiers = tuple(tier.succeeded_within(now, staleness(name)) for name, tier in snap.tiers.items())
-    gpus = tuple((fresh(g.fast_monotonic, now, fast_bound), fresh(g.slow_monotonic, now, slow_bound))
-                 for g in snap.gpus)
-    return tiers, gpus
+    gpus = tuple((fresh(g.fast_monotonic, now, fast_bound), fresh(g.slow_monotonic, now, slow_bound),
+                  fresh(g.host_monotonic, now, slow_bound)) for g in snap.gpus)
+    return tiers, gpus, fresh(snap.host_monotonic, now, slow_bound)

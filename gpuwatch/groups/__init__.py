@@ -23,12 +23,15 @@ from gpuwatch.groups import (
     fabric,
     fans,
     gpm,
+    jobs,
+    kubernetes,
     memory,
     mig,
     nvlink,
     pcie,
     power,
     processes,
+    slurm,
     thermal,
     utilization,
     xid,
@@ -39,18 +42,22 @@ from gpuwatch.groups.ecc import Ecc
 from gpuwatch.groups.fabric import Fabric
 from gpuwatch.groups.fans import FanReading
 from gpuwatch.groups.gpm import Gpm
+from gpuwatch.groups.jobs import JobUsage
+from gpuwatch.groups.kubernetes import PodAllocation
 from gpuwatch.groups.memory import Memory
 from gpuwatch.groups.mig import MigInstance, MigReading
 from gpuwatch.groups.nvlink import NvLink
 from gpuwatch.groups.pcie import Pcie
 from gpuwatch.groups.power import Power, PowerLimits
 from gpuwatch.groups.processes import GpuProcess
+from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.groups.thermal import TemperatureLimits, Temperatures
 from gpuwatch.groups.utilization import Utilization
 
 GROUPS: tuple[Group, ...] = (
     thermal.GROUP, fans.GROUP, power.GROUP, clocks.GROUP, utilization.GROUP, memory.GROUP,
     ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP, gpm.GROUP, nvlink.GROUP, fabric.GROUP, mig.GROUP,
+    slurm.GROUP, kubernetes.GROUP, jobs.GROUP,
 )
 BY_NAME: Mapping[str, Group] = {g.name: g for g in GROUPS}
 DEFAULT_ENABLED: frozenset[str] = frozenset(g.name for g in GROUPS if g.default)
@@ -60,6 +67,10 @@ ALL: frozenset[str] = frozenset(BY_NAME)
 FEATURES: tuple[str, ...] = tuple(sorted(f for g in GROUPS for f in g.features))
 
 SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
+
+
+HOST: tuple[Group, ...] = tuple(g for g in GROUPS if g.host)  # read on the host, not through NVML
+SCHEDULERS: frozenset[str] = frozenset({"slurm", "kubernetes"})  # the groups behind gpuwatch_gpu_allocated
 
 
 def features_of(enabled: Iterable[str]) -> frozenset[str]:
@@ -100,6 +111,39 @@ class SlowSample:
     mig: tuple[MigInstance, ...] = ()  # the MIG devices, on MIG-enabled GPUs
     errors: tuple[str, ...] = ()
     collected: tuple[tuple[str, float, bool], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """One read of the host groups (gpuwatch/hostside/, every slow interval), for the whole node.
+    A group's attribute is None when it is off or none of its sources could be read."""
+
+    slurm: tuple[JobAllocation, ...] | None = None
+    kubernetes: tuple[PodAllocation, ...] | None = None
+    jobs: tuple[JobUsage, ...] | None = None
+    # (group, error) met in this read (gpuwatch_collector_errors_total), e.g. ("slurm", "scontrol_timeout")
+    errors: tuple[tuple[str, str], ...] = ()
+    collected: tuple[tuple[str, float, bool], ...] = ()  # (group, seconds, succeeded)
+
+    def on(self, uuid: str) -> GpuHost:
+        """This GPU's part: its allocations."""
+        return GpuHost(None if self.slurm is None else tuple(a for a in self.slurm if a.uuid == uuid),
+                       None if self.kubernetes is None else tuple(a for a in self.kubernetes if a.uuid == uuid))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHost:
+    """One GPU's part of a HostSample: who the schedulers allocated it to (None: not readable)."""
+
+    slurm: tuple[JobAllocation, ...] | None = None
+    kubernetes: tuple[PodAllocation, ...] | None = None
+
+    @property
+    def allocated(self) -> bool | None:
+        """Whether a scheduler allocated the GPU; None when no scheduler source can be read."""
+        if self.slurm is None and self.kubernetes is None:
+            return None
+        return bool(self.slurm) or bool(self.kubernetes)
 
 
 def _flat(container: type) -> dict[str, tuple[str, str | None]]:
@@ -171,5 +215,6 @@ def only(sample: Any, enabled: frozenset[str]) -> Any:
     return dataclasses.replace(sample, **changes) if changes else sample
 
 
-__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "SPECS", "FastSample", "SlowSample",
+__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HOST", "SCHEDULERS", "SPECS", "FastSample",
+           "GpuHost", "HostSample", "SlowSample",
            "fast_sample", "flat", "only", "slow_sample", "features_of"]

@@ -152,8 +152,14 @@ class Group:
     render: Render | None = None
     # (GpuState, fresh fast sample, fresh slow sample) -> the two readings render() takes; default:
     # the group's attribute of each sample. For groups whose readings the store keeps (xid counts,
-    # attributed processes).
+    # attributed processes). A host group's select gets (GpuState, None, the GPU's fresh GpuHost).
     select: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
+    # A host group reads no NVML: gpuwatch/hostside/ reads it on the host job's thread every slow
+    # interval; ``host`` is the attribute of its reading in HostSample (and GpuHost, for per-GPU ones).
+    host: str | None = None
+    # A node-level render: (emit, the group's fresh HostSample reading or None); its families have no
+    # gpu/uuid labels.
+    render_node: Callable[[Emit, Any], None] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", dict(self.fields or {}))

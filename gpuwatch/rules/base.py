@@ -12,7 +12,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gpuwatch.model import FastSample, GpuState, NodeSnapshot, Observation, SlowSample
+from gpuwatch.groups.jobs import JobUsage
+from gpuwatch.model import FastSample, GpuHost, GpuState, NodeSnapshot, Observation, SlowSample
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ class Window:
     def __init__(self, latest: NodeSnapshot,
                  history: Mapping[str, History[FastSample] | Sequence[tuple[float, FastSample]]],
                  fast_staleness: float, expected_gpus: int = 0, now: float | None = None,
-                 slow_history: Mapping[str, History[SlowSample] | Sequence[tuple[float, SlowSample]]] | None = None
-                 ) -> None:
+                 slow_history: Mapping[str, History[SlowSample] | Sequence[tuple[float, SlowSample]]] | None = None,
+                 host_staleness: float | None = None) -> None:
         self.latest = latest
         self._slow_history = slow_history or {}
         self._now = latest.taken_monotonic if now is None else now
@@ -210,6 +211,7 @@ class Window:
         self._fresh_list: list[tuple[str, FastSample]] | None = None
         self._wrapped: dict[tuple[bool, str], History[Any]] = {}
         self._memo: dict[Hashable, Any] = {}
+        self.host_staleness = host_staleness  # the host groups' bound (the slow tier's); None: any age
 
     @property
     def now(self) -> float:
@@ -261,6 +263,17 @@ class Window:
         except KeyError:
             value = self._memo[key] = compute(self)
             return value
+
+    def host(self, uuid: str) -> GpuHost | None:
+        """The GPU's allocations from the last read of the host groups, while it is fresh."""
+        state = self._by_uuid.get(uuid)
+        if state is None:
+            return None
+        return state.host if self.host_staleness is None else state.fresh_host(self._now, self.host_staleness)
+
+    def jobs(self) -> Mapping[tuple[str, str], JobUsage]:
+        """(scheduler, job id) -> the job's host side (the jobs group), from a fresh host read (once per Window)."""
+        return self.memo(("jobs",), _jobs)
 
     def slow(self, uuid: str) -> SlowSample | None:
         state = self._by_uuid.get(uuid)
@@ -315,6 +328,12 @@ class Window:
         """The oldest and newest (time, fast sample) of the last ``seconds`` for which
         ``predicate`` is true; None if none is. Same rule for ``predicate`` as ``tally``."""
         return self.history(uuid).first_last(predicate, self.since(seconds))
+
+
+def _jobs(window: Window) -> dict[tuple[str, str], JobUsage]:
+    snap = window.latest
+    host = snap.host if window.host_staleness is None else snap.fresh_host(window.now, window.host_staleness)
+    return {(j.scheduler, j.job_id): j for j in (host.jobs or ())} if host is not None else {}
 
 
 GpuEvaluate = Callable[[Window, str, RuleConfig], Observation | None]

@@ -189,13 +189,14 @@ class Engine:
 
     def __init__(self, rules: Sequence[Rule], configs: Mapping[str, RuleConfig], fast_staleness: float,
                  window_seconds: float = DEFAULT_WINDOW_SECONDS, expected_gpus: int = 0,
-                 min_history_seconds: float = 0.0) -> None:
+                 min_history_seconds: float = 0.0, host_staleness: float | None = None) -> None:
         self._rules = list(rules)
         self._window_seconds = window_seconds
         self._min_history = min_history_seconds
         self._configs = dict(configs)
         self._slow_seconds = check_lookback(self._rules, self._configs, window_seconds)
         self._fast_staleness = fast_staleness
+        self._host_staleness = host_staleness
         self._fast_seconds = self._history_seconds(self._configs)
         self._expected_gpus = expected_gpus
         self._most_gpus = 0
@@ -289,7 +290,7 @@ class Engine:
     def _evaluate(self, snap: NodeSnapshot, now: float, wall: float) -> tuple[Anomaly, ...]:
         self._remember(snap)
         window = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now,
-                        self._slow_history)
+                        self._slow_history, self._host_staleness)
         gpus = snap.gpus
         plan = self._plan(gpus)
         labels = [str(state.identity.index) for state in gpus]

@@ -1,17 +1,24 @@
-"""Cost rules: a GPU that a workload holds but does not use.
+"""Cost rules: a GPU that a workload holds but does not use, and one that waits for its input.
 
 A cluster pays for every allocated GPU-hour. ``allocated_idle`` fires when a GPU is held — a
-workload's process is on it (``GpuState.workloads``, slow tier), or its frame buffer is in use —
+scheduler allocated it to a job or pod (the slurm and kubernetes groups: the 8-asked, 1-used job),
+a workload's process is on it (``GpuState.workloads``, slow tier), or its frame buffer is in use —
 while its activity stays near zero. Activity is the SM activity where the GPU has GPM (Hopper and
 newer: a GPU "100 % utilized" by a resident kernel at 2 % SM activity is not busy), else NVML's
 utilization (the share of time any kernel ran). "Stays" is the rule's hold time (default 30 minutes): the
 condition looks at the last minute only, and any busy minute resets the hold, so a job that
 computes in bursts never fires.
+
+``input_bound`` fires when a job's GPU is busy but well below what it could do while the job's host
+side is saturated: its processes (the jobs group: every process of its cgroup, data loaders
+included) keep nearly all the CPUs they may use busy, or spend a large share of their time waiting
+for block I/O. The GPU is waiting for its input; more loader workers, faster storage or
+pre-processed data help, a bigger GPU does not.
 """
 
 from __future__ import annotations
 
-from gpuwatch.model import FastSample, Observation
+from gpuwatch.model import FastSample, GpuHost, Observation, ProcessInfo
 from gpuwatch.rules.base import Rule, RuleConfig, Window, needs_any
 from gpuwatch.rules.thermal import gpu_label
 
@@ -30,11 +37,15 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
         return None
     measure = "SM active" if fast.gpm.sm_active_ratio is not None else "busy"
     memory = fast.memory.memory_used_bytes or 0
-    held = bool(state.workloads) or memory >= config["min_memory_bytes"]
+    host = window.host(uuid)
+    held = bool(state.workloads) or memory >= config["min_memory_bytes"] or bool(host and host.allocated)
 
     def summary() -> str:
-        jobs = sorted({f"{w.scheduler} {w.job_id}".strip() for w in state.workloads if w.scheduler != "unknown"})
-        holder = ", ".join(jobs) if jobs else f"{memory / 2**30:.1f} GiB in use"
+        holders = _holders(state.workloads, host)
+        if host is not None and host.allocated and not state.workloads:
+            holder = f"{holders} (allocated, no process on it)"
+        else:
+            holder = holders or f"{memory / 2**30:.1f} GiB in use"
         return (f"{gpu_label(window, uuid)} held by {holder} but at most {busiest:.0%} {measure} over the last "
                 f"{config['window_seconds']:.0f} s")
 
@@ -77,6 +88,78 @@ def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observ
     return Observation(bool(idle), top, config["idle_ratio"], summary)
 
 
+def _holders(workloads: tuple[ProcessInfo, ...], host: GpuHost | None) -> str:
+    """"slurm job 42 of alice, pod ml/train-0": the jobs and pods that hold a GPU, named once each."""
+    jobs: dict[tuple[str, str], str] = {}
+    for w in workloads:
+        if w.scheduler not in ("unknown", "none") and w.job_id:
+            jobs.setdefault((w.scheduler, w.job_id), w.user)
+        elif w.scheduler == "none":
+            jobs.setdefault(("process", str(w.pid)), w.user)
+    for a in (host.slurm or ()) if host is not None else ():
+        if not jobs.get(("slurm", a.job_id)):
+            jobs[("slurm", a.job_id)] = a.user
+    names = [f"{_KIND.get(scheduler, scheduler)} {job_id}" + (f" of {user}" if user else "")
+             for (scheduler, job_id), user in sorted(jobs.items())]
+    pods = sorted({f"pod {p.namespace}/{p.pod}" for p in (host.kubernetes or ())} if host is not None else ())
+    return ", ".join(names + pods)
+
+
+_KIND = {"slurm": "slurm job", "kubernetes": "pod", "systemd": "unit"}
+
+
+def _held_jobs(window: Window, uuid: str) -> list[tuple[str, str]]:
+    """(scheduler, job id) of the Slurm jobs and pods holding the GPU: its processes' and its allocations'."""
+    state = window.gpu(uuid)
+    found = dict.fromkeys((w.scheduler, w.job_id) for w in (state.workloads if state is not None else ())
+                          if w.scheduler in ("slurm", "kubernetes") and w.job_id)
+    host = window.host(uuid)
+    for a in (host.slurm or ()) if host is not None else ():
+        found.setdefault(("slurm", a.job_id), None)
+    return list(found)
+
+
+def _input_bound(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    fast = window.fast(uuid)
+    if fast is None or fast.mig:
+        return None
+    held = _held_jobs(window, uuid)
+    if not held:
+        return Observation(False, None, config["busy_ratio"])
+    usage = window.jobs()
+    known = [(key, usage[key]) for key in held if key in usage and usage[key].cpu_busy_ratio is not None]
+    if not known:
+        return None  # the jobs group has not read the job twice yet (or is off): cannot tell
+    history = window.history(uuid)
+    lo = history.index(window.since(config["window_seconds"]))
+    values = [u for u in history.column(_activity)[lo:history.end] if u is not None]
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    working = config["idle_ratio"] < mean < config["busy_ratio"]  # idle is allocated_idle's; busy is fine
+    starved = [(key, job) for key, job in known if (job.cpu_busy_ratio or 0.0) >= config["cpu_ratio"]
+               or (job.iowait_ratio or 0.0) >= config["iowait_ratio"]]
+    measure = "SM active" if fast.gpm.sm_active_ratio is not None else "busy"
+
+    def summary() -> str:
+        if not (working and starved):
+            return f"{gpu_label(window, uuid)} is not waiting for its input"
+        causes = []
+        for (scheduler, job_id), job in starved:
+            name = f"{_KIND.get(scheduler, scheduler)} {job_id}"
+            if (job.cpu_busy_ratio or 0.0) >= config["cpu_ratio"]:
+                cpus = f" of its {job.cpus:g} CPUs" if job.cpus else ""
+                causes.append(f"{name}'s {job.processes} processes keep {job.cpu_busy_ratio:.0%}{cpus} busy (CPU-bound "
+                              "input pipeline)")
+            else:
+                causes.append(f"{name}'s processes spend {job.iowait_ratio:.0%} of their time waiting for I/O "
+                              "(storage-bound input)")
+        return (f"{gpu_label(window, uuid)} only {mean:.0%} {measure} on average over the last "
+                f"{config['window_seconds']:.0f} s while {'; '.join(causes)}")
+
+    return Observation(working and bool(starved), mean, config["busy_ratio"], summary)
+
+
 def _activity(sample: FastSample) -> float | None:
     """SM activity (GPM) where the GPU has it, else the GPU utilization."""
     sm = sample.gpm.sm_active_ratio
@@ -91,12 +174,29 @@ RULES: tuple[Rule, ...] = (
         hold_seconds=1800.0,
         clear_seconds=60.0,
         every_seconds=30.0,
-        condition="A workload holds the GPU (a process on it, or at least min_memory_bytes of its memory in "
-                  "use) while its activity (SM activity where the GPU has GPM, else utilization) stays at or "
-                  "below idle_ratio; held for 30 minutes.",
+        condition="A workload holds the GPU (a scheduler allocated it to a job or pod, a process is on it, or at "
+                  "least min_memory_bytes of its memory is in use) while its activity (SM activity where the GPU has "
+                  "GPM, else utilization) stays at or below idle_ratio; held for 30 minutes.",
         evaluate=_allocated_idle,
         params={"idle_ratio": 0.05, "window_seconds": 60.0, "min_memory_bytes": 1024.0 * 2**20},
         applies=needs_any("utilization", "mig"),  # a MIG-enabled GPU has no utilization, its instances GPM
+        lookback={"window_seconds": "fast"},
+    ),
+    Rule(
+        id="input_bound",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=300.0,
+        clear_seconds=120.0,
+        every_seconds=10.0,
+        condition="A Slurm job or pod holds the GPU, whose mean activity (SM activity where the GPU has GPM, else "
+                  "utilization) over window_seconds stays above idle_ratio but below busy_ratio, while the job's "
+                  "processes (jobs group) keep at least cpu_ratio of the CPUs they may use busy, or spend at least "
+                  "iowait_ratio of their time waiting for I/O; held for 5 minutes.",
+        evaluate=_input_bound,
+        params={"busy_ratio": 0.6, "idle_ratio": 0.05, "cpu_ratio": 0.9, "iowait_ratio": 0.3,
+                "window_seconds": 60.0},
+        applies=needs_any("utilization"),
         lookback={"window_seconds": "fast"},
     ),
 )

@@ -7,6 +7,7 @@ import math
 import threading
 import uuid as uuidlib
 from collections.abc import Sequence
+from typing import Any
 
 from gpuwatch.backends.simulated.faults import FAULT_KINDS, Fault
 from gpuwatch.backends.simulated.physics import _fast_sample, _Gpu, _new_gpu, _slow_sample, _step
@@ -22,6 +23,9 @@ from gpuwatch.backends.simulated.profiles import (
 )
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.groups import HostSample
+from gpuwatch.groups.jobs import JobUsage
+from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.model import (
     DiscoveredGpu,
     DriverInfo,
@@ -170,6 +174,29 @@ class SimulatedBackend:
         self._wait_out_hang()
         with self._lock:
             return _slow_sample(self._current(uuid))
+
+    def read_host(self, gpus: Sequence[Any] = ()) -> HostSample:
+        """The host groups of the simulated node: the Slurm jobs of the active ``job`` faults (their
+        allocations and their processes' CPU use since the fault began); no kubelet."""
+        with self._lock:
+            elapsed = self._elapsed() if self._t0 is not None else 0.0
+        allocations: list[JobAllocation] = []
+        jobs: dict[str, JobUsage] = {}
+        for fault in self._faults:
+            since = fault.since_onset(elapsed) if FAULT_KINDS[fault.kind].job else None
+            if since is None:
+                continue
+            p = fault.params
+            job_id = str(int(p["job_id"]))
+            allocations.append(JobAllocation(self._identities[fault.gpu].uuid, job_id, "sim", "scontrol"))
+            if job_id not in jobs:
+                busy = p["cpu_busy"] * p["cpus"] * since  # CPU seconds
+                wait = busy * p["iowait"] / (1.0 - p["iowait"]) if p["iowait"] < 1.0 else 0.0
+                jobs[job_id] = JobUsage("slurm", job_id, (0.9 * busy, 0.1 * busy, wait), int(2e8 * since),
+                                        int(1e6 * since), p["cpus"], 6, p["cpu_busy"] if since > 0 else None,
+                                        p["iowait"] if since > 0 else None)
+        return HostSample(slurm=tuple(allocations), jobs=tuple(jobs.values()),
+                          collected=(("slurm", 0.0, True), ("jobs", 0.0, True)))
 
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
         remaining = max(0.0, float(timeout_seconds))

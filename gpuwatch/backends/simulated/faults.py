@@ -59,6 +59,9 @@ class FaultKind:
     end: Callable[[Fault, Health, Profile], None] | None = None
     # XID code emitted through wait_events at each onset (None or 0: none)
     xid: Callable[[Fault], int | None] | None = None
+    # A Slurm job on the host while active: the GPU allocated to job ``job_id`` and the job's processes'
+    # CPU use (params cpu_busy, iowait, cpus); the simulated backend's read_host reports it.
+    job: bool = False
     # What it does to the backend itself rather than to one GPU's physics: "unavailable" (every
     # call raises BackendUnavailable, node-wide), "hang" (reads block, node-wide) or "unlisted"
     # (the GPU is left out of discovery and its reads raise DeviceLost).
@@ -154,6 +157,18 @@ def _load(fault: Fault, c: Conditions, _since: float) -> None:
 def _idle_allocation(fault: Fault, c: Conditions, _since: float) -> None:
     c.utilization = 0.0
     c.memory_fraction = fault.params["memory_fraction"]
+    c.memory_intensity = 0.0
+
+
+def _input_starved(fault: Fault, c: Conditions, _since: float) -> None:
+    c.utilization = fault.params["utilization"]
+    c.memory_fraction = 0.5
+    c.memory_intensity = 0.3
+
+
+def _allocated_unused(_fault: Fault, c: Conditions, _since: float) -> None:
+    c.utilization = 0.0
+    c.memory_fraction = 0.0
     c.memory_intensity = 0.0
 
 
@@ -290,6 +305,26 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "waiting on I/O or a lock): utilization 0 with the frame buffer in use.",
         params={"memory_fraction": 0.3},
         during=_idle_allocation,
+    ),
+    "job": FaultKind(
+        "A Slurm job holds the GPU (scontrol's GRES) while active; its processes keep cpu_busy of its cpus "
+        "busy and spend iowait of their time waiting for I/O. Changes nothing on the GPU (add a load).",
+        params={"job_id": 4200.0, "cpu_busy": 0.3, "iowait": 0.02, "cpus": 16.0},
+        job=True,
+    ),
+    "input_starved": FaultKind(
+        "A Slurm job whose input pipeline cannot keep up: the GPU runs at utilization while the job's "
+        "processes keep cpu_busy of its cpus busy (data loaders) or wait on storage (iowait).",
+        params={"job_id": 4300.0, "utilization": 0.35, "cpu_busy": 0.97, "iowait": 0.05, "cpus": 16.0},
+        during=_input_starved,
+        job=True,
+    ),
+    "allocated_unused": FaultKind(
+        "A Slurm job was allocated the GPU but runs nothing on it (it asked for 8 GPUs and uses one): "
+        "no process, no memory, utilization 0.",
+        params={"job_id": 4200.0, "cpu_busy": 0.3, "iowait": 0.02, "cpus": 16.0},
+        during=_allocated_unused,
+        job=True,
     ),
     "fan_stall": FaultKind(
         "The fans stop: speed and RPM fall to 0 within seconds while the target keeps following "
@@ -464,6 +499,8 @@ def demo_tour(
                           over 60 s): it reaches its slowdown threshold and throttles, clocks
                           halved, until the cooling comes back at 320 s
     240–330 s  (GPU 7)    falls off the bus: XID 79 at 240 s, DeviceLost until it returns at 330 s
+    0–330 s    (GPU 1)    Slurm job 4300 whose data loaders keep its 16 CPUs 97 % busy while the GPU
+                          runs at 35 % (input_bound); GPU 0 on 4- to 7-GPU nodes, none on 3
     330 s–period          everything normal again
     ====================  =========================================================================
 
@@ -500,7 +537,10 @@ def demo_tour(
         interconnect.append(Fault("fabric_manager_down", 3 if gpu_count >= 8 else fan_gpu, 0, 200))
     if PROFILES[profile].mig_instances:
         interconnect = [f("mig_idle_allocation", 0, 20, 330, gpu_instance=9)]
+    job_gpu = 1 if gpu_count >= 8 else 0 if gpu_count >= 4 else None
+    jobs = [] if job_gpu is None or PROFILES[profile].mig_instances else [f("input_starved", job_gpu, 0, 330)]
     return [
+        *jobs,
         *first,
         f("load", hot_gpu, 100, 330),
         f("cooling_failure", hot_gpu, 110, 320),

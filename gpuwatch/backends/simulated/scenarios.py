@@ -97,7 +97,8 @@ def scenarios() -> dict[str, Scenario]:
             gpu_count: int = 4, duration: float | None = None) -> Scenario:
         if duration is None:
             duration = (end or onset) + recovery + 240.0
-        return Scenario(rule, description, profile, gpu_count, tuple(faults), duration, rule, gpu,
+        name, rule = rule, rule.split("-")[0]  # "<rule>-<variant>": a second case of one rule
+        return Scenario(name, description, profile, gpu_count, tuple(faults), duration, rule, gpu,
                         onset, latency, end, recovery)
 
     cases = [
@@ -240,6 +241,26 @@ def scenarios() -> dict[str, Scenario]:
             "from 2 to 36 min (a notebook left open); the others run their normal jobs.",
             "rtx6000", [Fault("idle_allocation", 1, 120, 2160)],
             gpu=1, latency=60, end=2160, recovery=10),
+        one("allocated_idle-no-process",
+            "RTX 6000: Slurm job 4242 asked for GPUs 1 and 2 from 2 to 36 min but runs only on GPU 1; GPU 2 "
+            "has no process and no memory in use, and is allocated all the same (scontrol's GRES).",
+            "rtx6000", [_burn(1, 120, 2160, 0.9), Fault("job", 1, 120, 2160, params={"job_id": 4242}),
+                        Fault("allocated_unused", 2, 120, 2160, params={"job_id": 4242})],
+            gpu=2, latency=60, end=2160, recovery=30),
+        one("input_bound",
+            "RTX 6000 GPU 3 runs Slurm job 4300 from 2 to 12 min at 35 % busy while the job's data loaders keep "
+            "97 % of its 16 CPUs busy. Beside it, GPU 1's job is compute-bound (GPU busy, CPUs busy) and GPU 2's "
+            "job runs at 35 % with its CPUs 20 % busy: neither fires.",
+            "rtx6000", [Fault("input_starved", 3, 120, 720),
+                        _burn(1, 0, 900), Fault("job", 1, 0, 900, params={"job_id": 4201, "cpu_busy": 0.95}),
+                        _burn(2, 0, 900, 0.35), Fault("job", 2, 0, 900, params={"job_id": 4202, "cpu_busy": 0.2})],
+            gpu=3, latency=60, end=720, recovery=30, duration=900.0),
+        one("input_bound-io",
+            "HGX H200 GPU 0 runs Slurm job 4301 from 2 to 12 min at 30 % SM activity while the job's processes "
+            "spend 60 % of their time waiting for block I/O (a dataset on a slow file system).",
+            "h200", [Fault("input_starved", 0, 120, 720,
+                           params={"job_id": 4301, "utilization": 0.3, "cpu_busy": 0.25, "iowait": 0.6})],
+            gpu=0, latency=60, end=720, recovery=30, duration=900.0),
         one("backend_down",
             "The driver of a 2-GPU H200 node is unloaded from 2 to 4 min: NVML cannot be used; the "
             "poller retries with capped exponential backoff and recovers by itself.",

@@ -1,0 +1,66 @@
+"""slurm: which Slurm job holds which GPU, whether or not a process runs on it (host side, slow tier).
+
+No NVML: read on the host (gpuwatch/hostside/slurm.py) on the host job's own thread every slow
+interval, so a slow or hung slurmctld never delays a poll. Per job found in this node's cgroup tree,
+the first source that can tell:
+
+1. cgroup v1's devices controller: ``devices.list`` of ``…/devices/slurm/uid_<uid>/job_<id>``
+   lists ``c 195:N`` for each GPU the job may open (N: the GPU's minor number; 255 is nvidiactl);
+2. ``scontrol show job --details --oneliner <id>``: the ``GRES=gpu…(IDX:…)`` of this node's part
+   (docs/slurm.md: a GRES index is the place of the GPU in gres.conf's order, by minor number),
+   with a timeout, asked once per job (an allocation does not change), failures counted and logged once;
+3. the prolog-written mapping directory (``--attribution.hpc-job-mapping-dir``), per GPU index.
+
+``gpuwatch_gpu_allocated`` (rendered from this group and the kubernetes group together) is 1 on a
+GPU a scheduler allocated, 0 on a free one, absent when no source can be read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwatch.groups.base import Emit, Group
+
+SOURCES = ("devices", "scontrol", "mapping")
+
+
+@dataclass(frozen=True, slots=True)
+class JobAllocation:
+    """A GPU a Slurm job holds on this node."""
+
+    uuid: str
+    job_id: str
+    user: str = ""  # user name, the numeric uid, or "" when no source says
+    source: str = "devices"  # devices | scontrol | mapping (SOURCES)
+
+
+def select(state: Any, fast: Any, host: Any) -> tuple[Any, Any]:
+    """(the jobs NVML's process list already names, this GPU's Slurm allocations): an allocated
+    job is added to gpuwatch_gpu_job_info only where no process of it is on the GPU."""
+    if host is None or host.slurm is None:
+        return None, None
+    return frozenset((w.scheduler, w.job_id) for w in state.workloads), host.slurm
+
+
+def render(emit: Emit, running: frozenset[tuple[str, str]] | None,
+           allocations: tuple[JobAllocation, ...] | None) -> None:
+    for a in allocations or ():
+        if ("slurm", a.job_id) not in (running or ()):
+            emit("gpuwatch_gpu_job_info", ("slurm", a.job_id, a.user), 1)
+
+
+GROUP = Group(
+    name="slurm",
+    help="Slurm allocations per GPU: cgroup v1 devices.list, else scontrol show job, else the mapping directory",
+    host="slurm",
+    select=select,
+    render=render,
+    options={
+        "scontrol": ("scontrol", "the scontrol command (a name on PATH or a path); empty: never run it"),
+        "scontrol-timeout": (5, "seconds one scontrol call may take before it is killed"),
+        "scontrol-backoff": (60, "seconds before a job scontrol could not answer for is asked again"),
+        "node-name": ("", "this node's Slurm NodeName (default: the short host name)"),
+    },
+    specs=(),  # gpuwatch_gpu_allocated is the scheduler groups' together (catalogue); job_info is processes'
+)

@@ -1,0 +1,159 @@
+"""The host side: who holds the GPUs and what their jobs do on the CPUs (the host groups).
+
+``HostReader`` is what the poller's host job calls every slow interval, on its own thread: one
+cgroup scan (gpuwatch/hostside/cgroups.py) shared by the slurm and jobs groups, the kubelet's
+PodResources for the kubernetes group. A source that fails gives its group no reading for this
+read (its metrics go absent, ``gpuwatch_collector_success{group}`` 0, the error counted in
+``gpuwatch_collector_errors_total`` and logged once per kind); the other groups go on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuwatch.groups import HostSample
+from gpuwatch.groups.kubernetes import PodAllocation
+from gpuwatch.hostside import cgroups
+from gpuwatch.logs import get_logger
+from gpuwatch.model import GpuState
+
+
+class KubeletPods:
+    """The kubernetes group's reader: the kubelet's allocations mapped to GPUs and MIG instances."""
+
+    def __init__(self, socket_path: str, timeout: float, errors: list[tuple[str, str]]) -> None:
+        from gpuwatch.hostside.kubelet import PodResourcesClient, grpc_available
+
+        self._client = PodResourcesClient(socket_path, timeout) if grpc_available() else None
+        self._errors = errors
+        self._failing: str | None = None
+        self._log = get_logger(component="kubernetes")
+        if self._client is None:
+            self._log.info("kubernetes_off", reason="no_grpcio",
+                           hint="pip install 'gpuwatch[kubernetes]' for pod labels from the kubelet; "
+                                "or --no-collector.kubernetes")
+
+    def read(self, gpus: Sequence[GpuState]) -> tuple[PodAllocation, ...] | None:
+        if self._client is None:
+            return None
+        from gpuwatch.hostside.kubelet import KubeletUnavailable
+
+        try:
+            devices = self._client.list_devices()
+        except KubeletUnavailable as exc:
+            if exc.reason != "no_socket":  # no kubelet on this node is a fact, not an error
+                self._errors.append(("kubernetes", f"kubelet_{exc.reason}"))
+            if self._failing != exc.reason:
+                self._failing = exc.reason
+                level = self._log.info if exc.reason == "no_socket" else self._log.warning
+                level("kubernetes_off" if exc.reason == "no_socket" else "kubelet_unavailable",
+                      reason=exc.reason, error_detail=str(exc), hint=exc.hint)
+            return None
+        if self._failing is not None:
+            self._log.info("kubelet_recovered", failed=self._failing)
+            self._failing = None
+        owners: dict[str, tuple[str, int | None]] = {}
+        for g in gpus:
+            owners[g.identity.uuid] = (g.identity.uuid, None)
+            for m in g.slow.mig if g.slow is not None else ():
+                if m.mig_uuid:
+                    owners[m.mig_uuid] = (g.identity.uuid, m.gpu_instance)
+        found = []
+        for d in devices:
+            owner = owners.get(d.device_id)
+            if owner is not None:
+                found.append(PodAllocation(owner[0], d.namespace, d.pod, d.container, owner[1]))
+        return tuple(dict.fromkeys(found))
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+class HostReader:
+    """Reads the enabled host groups: ``reader(gpus) -> HostSample``."""
+
+    def __init__(self, enabled: Collection[str], options: Mapping[str, Any], proc_root: str = "/proc",
+                 cgroup_root: str = "/sys/fs/cgroup", mapping_dir: str | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._errors: list[tuple[str, str]] = []
+        self._root = Path(cgroup_root)
+        self._log = get_logger(component="hostside")
+        self._slurm = self._kubelet = self._jobs = None
+        if "slurm" in enabled:
+            from gpuwatch.hostside.slurm import SlurmAllocations
+
+            self._slurm = SlurmAllocations(_group_options(options, "slurm"), mapping_dir, monotonic, self._errors)
+        if "kubernetes" in enabled:
+            kube = _group_options(options, "kubernetes")
+            self._kubelet = KubeletPods(str(kube["socket"]), float(kube["timeout"]), self._errors)
+        if "jobs" in enabled:
+            from gpuwatch.hostside.jobs import JobsReader
+
+            self._jobs = JobsReader(proc_root, monotonic, float(os.cpu_count() or 0) or None)
+        self._failed: set[str] = set()
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(name for name, source in (("slurm", self._slurm), ("kubernetes", self._kubelet),
+                                               ("jobs", self._jobs)) if source is not None)
+
+    def __call__(self, gpus: Sequence[GpuState]) -> HostSample:
+        self._errors.clear()
+        collected: list[tuple[str, float, bool]] = []
+        values: dict[str, Any] = {}
+        found: cgroups.Scan | None = None
+        scan_seconds = 0.0
+        if self._slurm is not None or self._jobs is not None:
+            started = time.perf_counter()
+            found = self._run("cgroups", lambda: cgroups.scan(self._root))
+            scan_seconds = time.perf_counter() - started
+        for name, source in (("slurm", self._slurm), ("kubernetes", self._kubelet), ("jobs", self._jobs)):
+            if source is None:
+                continue
+            started = time.perf_counter()
+            errors_before = len(self._errors)
+            if name == "kubernetes":
+                value = self._run(name, lambda: self._kubelet.read(gpus))  # type: ignore[union-attr]
+            elif found is None:
+                value = None
+            elif name == "slurm":
+                value = self._run(name, lambda: self._slurm.read(found, gpus))  # type: ignore[union-attr]
+            else:
+                value = self._run(name, lambda: self._jobs.read(found))  # type: ignore[union-attr]
+            scanned = name != "kubernetes"
+            seconds = time.perf_counter() - started + (scan_seconds if scanned else 0.0)
+            values[name] = value
+            ok = len(self._errors) == errors_before and not (scanned and found is None)
+            if value is not None or not ok:  # nothing to read here (no Slurm, no kubelet): no collector series
+                collected.append((name, seconds, ok))
+        return HostSample(slurm=values.get("slurm"), kubernetes=values.get("kubernetes"), jobs=values.get("jobs"),
+                          errors=tuple(self._errors), collected=tuple(collected))
+
+    def _run(self, name: str, read: Callable[[], Any]) -> Any:
+        """One source's read; a bug in it costs that group this read, logged once until it works again."""
+        try:
+            value = read()
+        except Exception as exc:
+            for group in (("slurm", "jobs") if name == "cgroups" else (name,)):
+                self._errors.append((group, "internal"))
+            if name not in self._failed:
+                self._failed.add(name)
+                self._log.error("host_source_failed", source=name, error=f"{type(exc).__name__}: {exc}",
+                                hint="a gpuwatch bug: please report it with this log line", exc_info=True)
+            return None
+        self._failed.discard(name)
+        return value
+
+    def close(self) -> None:
+        if self._kubelet is not None:
+            self._kubelet.close()
+
+
+def _group_options(options: Mapping[str, Any], group: str) -> dict[str, Any]:
+    prefix = group + "."
+    return {key[len(prefix):]: value for key, value in options.items() if key.startswith(prefix)}

@@ -1,0 +1,225 @@
+"""The host groups' readers over fake trees: Slurm allocations (cgroup v1 devices.list, scontrol,
+the mapping directory), the jobs' host side through psutil, and the reader that runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from fakehost import fake_process, pod_v2, proc_stat, scontrol_world, slurm_v1_job, slurm_v2_job
+
+from gpuwatch.clock import FakeClock
+from gpuwatch.groups.slurm import JobAllocation
+from gpuwatch.hostside import HostReader, cgroups
+from gpuwatch.hostside.slurm import SlurmAllocations, expand_hostlist, parse_scontrol_job
+from gpuwatch.model import GpuState
+from gpuwatch.testing import identity
+
+SCONTROL = str(Path(__file__).parent / "fakes" / "scontrol")
+
+
+def gpus(n: int = 4, minors: list[int] | None = None) -> list[GpuState]:
+    minors = minors or list(range(n))
+    return [GpuState(identity(i, minor_number=minors[i]), {}, True) for i in range(n)]
+
+
+def uuid(i: int) -> str:
+    return identity(i).uuid
+
+
+@pytest.fixture
+def scontrol_env(tmp_path, monkeypatch):
+    log = tmp_path / "scontrol.log"
+    monkeypatch.setenv("FAKE_SCONTROL_LOG", str(log))
+    monkeypatch.setenv("FAKE_SCONTROL_STATE", str(tmp_path / "world.json"))
+    scontrol_world(tmp_path / "world.json", {})
+
+    def calls() -> list[list[str]]:
+        return [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
+    return tmp_path / "world.json", calls
+
+
+def slurm(options=None, mapping=None, clock=None, errors=None):
+    opts = {"scontrol": SCONTROL, "scontrol-timeout": 5, "scontrol-backoff": 60, "node-name": "gpu07"}
+    opts.update(options or {})
+    clock = clock or FakeClock()
+    return SlurmAllocations(opts, mapping, clock.monotonic, errors if errors is not None else [],
+                            user_name=lambda uid: {1000: "alice", 1001: "bob"}.get(uid, str(uid)))
+
+
+def test_hostlists_and_scontrol_records():
+    assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
+    line = ("JobId=42 JobName=train UserId=alice(1000) GroupId=users(100) NodeList=gpu[06-07] "
+            "Nodes=gpu06 CPU_IDs=0-31 Mem=256000 GRES=gpu:h200:4(IDX:0-3) "
+            "Nodes=gpu07 CPU_IDs=0-15 Mem=128000 GRES=gpu:h200:2(IDX:1,3),nic:1(IDX:0) TresPerNode=gres/gpu:4")
+    assert parse_scontrol_job(line, "gpu07") == ("alice", [1, 3])
+    assert parse_scontrol_job(line, "gpu06") == ("alice", [0, 1, 2, 3])
+    assert parse_scontrol_job(line, "gpu99") == ("alice", [])
+    assert parse_scontrol_job("slurm_load_jobs error: Invalid job id specified", "gpu07") is None
+
+
+def test_cgroup_v1_devices_list_names_the_gpus_of_each_job_without_asking_slurm(tmp_path, scontrol_env):
+    """GPU minors 2 and 3 are GPUs 1 and 3 here (minor numbers need not follow the NVML index); nvidiactl,
+    nvidia-uvm and modeset are not GPUs."""
+    _, calls = scontrol_env
+    root = tmp_path / "cgroup"
+    slurm_v1_job(root, 42, 1000, [100], minors=[2, 3])
+    slurm_v1_job(root, 43, 1001, [200], minors=[0])
+    found = cgroups.scan(root)
+    assert [(j.job_id, j.uid, j.devices()) for j in found.jobs] == [("42", 1000, (2, 3)), ("43", 1001, (0,))]
+    allocations = slurm().read(found, gpus(4, minors=[0, 2, 1, 3]))
+    assert sorted(allocations, key=lambda a: a.uuid) == [
+        JobAllocation(uuid(0), "43", "bob", "devices"), JobAllocation(uuid(1), "42", "alice", "devices"),
+        JobAllocation(uuid(3), "42", "alice", "devices")]
+    assert calls() == []
+
+
+def test_cgroup_v2_jobs_are_asked_of_scontrol_once_each(tmp_path, scontrol_env):
+    """No devices controller on v2 (eBPF): scontrol --details gives this node's GRES indices, which
+    follow the GPUs' minor numbers (gres.conf's File=/dev/nvidia[0-3]); a job is asked once, not
+    at every read, and forgotten when its cgroup goes."""
+    world, calls = scontrol_env
+    scontrol_world(world, {"42": {"user": "alice", "parts": [{"nodes": "gpu[06-07]", "gres": "gpu:h200:2(IDX:0-1)"}]},
+                           "43": {"user": "bob", "parts": [{"nodes": "gpu07", "gres": "gpu:h200:1(IDX:3)"}]}})
+    root = tmp_path / "cgroup"
+    slurm_v2_job(root, 42, [100])
+    slurm_v2_job(root, 43, [200])
+    reader = slurm()
+    state = gpus(4, minors=[1, 0, 2, 3])
+    first = reader.read(cgroups.scan(root), state)
+    assert sorted((a.uuid, a.job_id, a.user, a.source) for a in first) == [
+        (uuid(0), "42", "alice", "scontrol"), (uuid(1), "42", "alice", "scontrol"), (uuid(3), "43", "bob", "scontrol")]
+    assert reader.read(cgroups.scan(root), state) == first
+    assert calls() == [["show", "job", "--details", "--oneliner", "42"], ["show", "job", "--details", "--oneliner", "43"]]
+
+
+def test_unconstrained_v1_devices_fall_back_to_scontrol_then_to_the_mapping_directory(tmp_path, scontrol_env):
+    world, calls = scontrol_env
+    scontrol_world(world, {"50": {"user": "alice", "parts": [{"nodes": "gpu07", "gres": "gpu:1(IDX:2)"}]}})
+    root = tmp_path / "cgroup"
+    slurm_v1_job(root, 50, 1000, [100], minors=None)  # ConstrainDevices=no: "a *:* rwm"
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    (mapping / "0").write_text("51\n")
+    (mapping / "1").write_text("0\n")  # dcgm-job-map's "no job"
+    (mapping / "3.2").write_text("52\n")  # a MIG instance of GPU 3
+    (mapping / "junk").write_text("53\n")
+    allocations = slurm(mapping=str(mapping)).read(cgroups.scan(root), gpus(4))
+    assert sorted((a.uuid, a.job_id, a.source) for a in allocations) == [
+        (uuid(0), "51", "mapping"), (uuid(2), "50", "scontrol"), (uuid(3), "52", "mapping")]
+
+
+def test_no_slurm_here_is_absent_not_free(tmp_path, scontrol_env):
+    assert slurm().read(cgroups.scan(tmp_path / "nothing"), gpus()) is None
+    root = tmp_path / "cgroup"
+    (root / "system.slice" / "slurmstepd.scope").mkdir(parents=True)  # slurmd runs, no job
+    assert slurm().read(cgroups.scan(root), gpus()) == ()
+
+
+def test_a_hung_scontrol_is_killed_at_its_timeout_and_not_asked_again_before_the_backoff(tmp_path, scontrol_env):
+    """One timeout, then no call for any job until scontrol-backoff has passed (a hung slurmctld costs
+    one timeout per backoff, not one per job and read); counted and logged once; then it answers."""
+    world, calls = scontrol_env
+    jobs = {str(j): {"user": "alice", "parts": [{"nodes": "gpu07", "gres": f"gpu:1(IDX:{j - 60})"}]} for j in (60, 61)}
+    scontrol_world(world, jobs, sleep=60)
+    root = tmp_path / "cgroup"
+    slurm_v2_job(root, 60, [1])
+    slurm_v2_job(root, 61, [2])
+    clock, errors = FakeClock(), []
+    reader = slurm({"scontrol-timeout": 1}, clock=clock, errors=errors)
+    assert reader.read(cgroups.scan(root), gpus()) == ()
+    assert errors == [("slurm", "scontrol_timeout")] and len(calls()) == 1
+    errors.clear()
+    clock.advance(30)
+    assert reader.read(cgroups.scan(root), gpus()) == () and errors == [] and len(calls()) == 1
+    scontrol_world(world, jobs)
+    clock.advance(31)
+    assert {a.job_id for a in reader.read(cgroups.scan(root), gpus())} == {"60", "61"}
+    assert len(calls()) == 3
+
+
+def test_scontrol_missing_or_failing_is_counted_and_the_other_sources_go_on(tmp_path, scontrol_env):
+    world, _ = scontrol_env
+    root = tmp_path / "cgroup"
+    slurm_v2_job(root, 70, [1])
+    slurm_v1_job(root, 71, 1000, [2], minors=[1])
+    errors: list = []
+    assert slurm({"scontrol": "no-such-scontrol-here"}, errors=errors).read(cgroups.scan(root), gpus()) == (
+        JobAllocation(uuid(1), "71", "alice", "devices"),)
+    assert errors == [("slurm", "scontrol_missing")]
+    scontrol_world(world, {}, fail=(1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"))
+    errors.clear()
+    assert len(slurm(errors=errors).read(cgroups.scan(root), gpus())) == 1
+    assert errors == [("slurm", "scontrol_failed")]
+    scontrol_world(world, {})  # the job ended between the scan and the call: no error
+    errors.clear()
+    assert len(slurm(errors=errors).read(cgroups.scan(root), gpus())) == 1 and errors == []
+
+
+def test_jobs_group_sums_every_process_of_the_job_with_psutil_and_keeps_the_time_of_those_that_exit(tmp_path):
+    """Loader processes that never touch the GPU count; a process that exits keeps its CPU time in
+    the job's totals (the counter never goes back); rates over the interval give the busy share of
+    the job's CPUs and the share of its time in I/O wait; an unreadable /proc/PID/io makes the
+    job's I/O absent, not wrong."""
+    from gpuwatch.hostside.jobs import JobsReader
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    slurm_v2_job(root, 42, [100, 101, 102], cpus="0-3,8-11", quota="400000 100000")  # 8 CPUs, 4 by quota
+    pod_v2(root, "0e9c2d4a-1b7f-4c39-9a57-4f0fd1c2e111", [300])
+    fake_process(proc, 100, user=10.0, system=1.0, read_bytes=1000, write_bytes=10)
+    fake_process(proc, 101, user=20.0, system=2.0, iowait=3.0, read_bytes=2000, write_bytes=20)
+    fake_process(proc, 102, user=5.0, read_bytes=500, write_bytes=5)
+    fake_process(proc, 300, user=1.0, read_bytes=None)  # another user's: /proc/300/io not readable
+    clock = FakeClock()
+    reader = JobsReader(str(proc), clock.monotonic, node_cpus=64.0)
+    first = {j.job_id: j for j in reader.read(cgroups.scan(root))}
+    job = first["42"]
+    assert (job.scheduler, job.cpu_seconds, job.read_bytes, job.write_bytes, job.cpus, job.processes) == (
+        "slurm", (35.0, 3.0, 3.0), 3500, 35, 4.0, 3)
+    assert job.cpu_busy_ratio is None and job.iowait_ratio is None  # one read: no rate yet
+    pod = first["0e9c2d4a-1b7f-4c39-9a57-4f0fd1c2e111"]
+    assert (pod.scheduler, pod.read_bytes, pod.cpus) == ("kubernetes", None, 4.0)
+    # 30 s later: 100 and 101 used 96 more CPU seconds, 102 exited; 101 waited 24 s more for I/O
+    (root / "system.slice/slurmstepd.scope/job_42/step_0/user/task_0/cgroup.procs").write_text("100\n101\n")
+    fake_process(proc, 100, user=60.0, system=5.0, read_bytes=1000, write_bytes=10)
+    fake_process(proc, 101, user=62.0, system=2.0, iowait=27.0, read_bytes=9000, write_bytes=20)
+    clock.advance(30)
+    job = {j.job_id: j for j in reader.read(cgroups.scan(root))}["42"]
+    assert job.cpu_seconds == (127.0, 7.0, 27.0) and job.read_bytes == 10500 and job.processes == 2
+    assert job.cpu_busy_ratio == pytest.approx(96.0 / 30 / 4)
+    assert job.iowait_ratio == pytest.approx(24.0 / (96.0 + 24.0))
+
+
+def test_reader_runs_each_enabled_group_and_one_failing_source_stays_there(tmp_path, scontrol_env, monkeypatch):
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    slurm_v1_job(root, 42, 1000, [100], minors=[0])
+    fake_process(proc, 100, user=1.0)
+    options = {"slurm.scontrol": SCONTROL, "slurm.scontrol-timeout": 5, "slurm.scontrol-backoff": 60,
+               "slurm.node-name": "gpu07", "kubernetes.socket": str(tmp_path / "no.sock"), "kubernetes.timeout": 1}
+    reader = HostReader({"slurm", "kubernetes", "jobs"}, options, str(proc), str(root))
+    sample = reader(gpus(2))
+    assert [a.job_id for a in sample.slurm] == ["42"] and sample.kubernetes is None
+    assert [j.job_id for j in sample.jobs] == ["42"]
+    assert [name for name, _, ok in sample.collected if ok] == ["slurm", "jobs"]  # no kubelet: no series
+    monkeypatch.setattr(reader._slurm, "read", lambda *a: 1 / 0)
+    sample = reader(gpus(2))
+    assert sample.slurm is None and [j.job_id for j in sample.jobs] == ["42"]
+    assert ("slurm", "internal") in sample.errors
+    assert [(name, ok) for name, _, ok in sample.collected] == [("slurm", False), ("jobs", True)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc")
+def test_psutil_reads_this_process_through_the_real_proc(tmp_path):
+    """The real /proc, not a fake: gpuwatch's own job (a cgroup with this test's PID) is read."""
+    from gpuwatch.hostside.jobs import JobsReader
+
+    root = tmp_path / "cgroup"
+    slurm_v2_job(root, 1, [os.getpid()])
+    usage = JobsReader("/proc", FakeClock().monotonic).read(cgroups.scan(root))[0]
+    assert usage.processes == 1 and usage.cpu_seconds[0] + usage.cpu_seconds[1] > 0
