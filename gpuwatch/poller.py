@@ -104,6 +104,9 @@ class Poller:
         self._attribute = attribute
         self._host = host
         self._host_overrun_logged = False
+        self._host_lock = threading.Lock()
+        self._host_running = False
+        self._host_again = False
         # tier -> the enabled groups that read in it, for gpuwatch_collector_success/_duration_seconds
         self._tier_groups = {tier: tuple(g.name for g in groups.GROUPS if g.name in enabled and getattr(g, tier))
                              for tier in ("fast", "slow")}
@@ -297,22 +300,42 @@ class Poller:
         self._host_overrun_logged = False
         if self._host is None:
             return
-        gpus = [g for g in self._store.snapshot().gpus if g.visible]
+        with self._host_lock:
+            self._host_running = True
         try:
-            sample = self._host(gpus)
-        except Exception as exc:  # a bug in a host source: the polls and the other readings go on
-            self._repeats.log("error", "host_read_failed", ("host_read_failed",),
-                              error=f"{type(exc).__name__}: {exc}", exc_info=True)
-            return
-        self._store.put_host(sample)
+            while True:
+                # every GPU discovered since start: a lost one keeps its place (Slurm's GRES order)
+                gpus = list(self._store.snapshot().gpus)
+                if not gpus:
+                    return  # nothing discovered yet: the discovery wakes this job
+                try:
+                    sample = self._host(gpus)
+                except Exception as exc:  # a bug in a host source: the polls and the other readings go on
+                    self._repeats.log("error", "host_read_failed", ("host_read_failed",),
+                                      error=f"{type(exc).__name__}: {exc}", exc_info=True)
+                    return
+                self._store.put_host(sample)
+                with self._host_lock:
+                    if not self._host_again:
+                        return
+                    self._host_again = False  # a discovery during the read: read again for its GPUs
+        finally:
+            with self._host_lock:
+                self._host_running = False
 
     def _wake_host(self) -> None:
+        """Read the host groups now (after a discovery), or once more right after the read in flight."""
         scheduler = self._scheduler
-        if scheduler is not None and self._host is not None:
-            try:
-                scheduler.modify_job("host", next_run_time=_now())
-            except Exception:  # shutting down: nothing to wake
-                pass
+        if scheduler is None or self._host is None:
+            return
+        with self._host_lock:
+            if self._host_running:
+                self._host_again = True
+                return
+        try:
+            scheduler.modify_job("host", next_run_time=_now())
+        except Exception:  # shutting down: nothing to wake
+            pass
 
     def _workloads(self, identity: GpuIdentity, sample: SlowSample) -> tuple[ProcessInfo, ...]:
         if self._attribute is None:

@@ -113,6 +113,8 @@ class Store:
             self._host, self._host_monotonic = sample, now
             self._host_errors.update(sample.errors)
             for uuid, state in self._gpus.items():
+                if sample.gpus is not None and uuid not in sample.gpus:
+                    continue  # found after the read began: its allocations come with the next read
                 part = sample.on(uuid)
                 self._gpus[uuid] = dataclasses.replace(
                     state, host=state.host if part == state.host else part, host_monotonic=now)

@@ -108,7 +108,7 @@ def test_a_hung_scontrol_delays_no_poll(tmp_path):
                  what="fast and slow polls to complete while scontrol hangs")
         assert time.monotonic() - started < 4.0, "the polls waited for scontrol"  # it was still hanging
         d.wait_value("gpuwatch_collector_errors_total", 1, group="slurm", error="scontrol_timeout")
-        assert d.value("gpuwatch_gpu_allocated", gpu="0", uuid=node.gpus[0].uuid) == 0  # the job's GPUs unknown
+        assert d.value("gpuwatch_gpu_allocated", gpu="0", uuid=node.gpus[0].uuid) is None  # unknown, not free
         assert len(scontrol_calls(tmp_path)) == 1  # the backoff (60 s)
         assert [e["event"] for e in d.events()].count("scontrol_timeout") == 1
     finally:

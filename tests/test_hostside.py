@@ -14,7 +14,7 @@ from fakehost import fake_process, pod_v2, proc_stat, scontrol_world, slurm_v1_j
 from gpuwatch.clock import FakeClock
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside import HostReader, cgroups
-from gpuwatch.hostside.slurm import SlurmAllocations, expand_hostlist, parse_scontrol_job
+from gpuwatch.hostside.slurm import Answer, SlurmAllocations, hostlist_contains, parse_scontrol_job
 from gpuwatch.model import GpuState
 from gpuwatch.testing import identity
 
@@ -51,15 +51,28 @@ def slurm(options=None, mapping=None, clock=None, errors=None):
 
 
 def test_hostlists_and_scontrol_records():
-    assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
-    assert expand_hostlist("n[8-10]") == ["n8", "n9", "n10"]
-    line = ("JobId=42 JobName=train UserId=alice(1000) GroupId=users(100) NodeList=gpu[06-07] "
+    for node in ("gpu01", "gpu03", "gpu07", "login1", "rack2-n40", "n9", "n10"):
+        assert hostlist_contains("gpu[01-03,07],login1,rack[1-2]-n[01-40],n[8-10]", node), node
+    for node in ("gpu04", "gpu1", "gpu007", "login", "rack3-n01", "rack1-n41", "n7", "n08"):
+        assert not hostlist_contains("gpu[01-03,07],login1,rack[1-2]-n[01-40],n[8-10]", node), node
+    assert hostlist_contains("n[1-99999999999]", "n123456789")  # never expanded
+    line = ("JobId=42 JobName=train UserId=alice(1000) GroupId=users(100) NodeList=gpu[06-07] NumNodes=2 "
             "Nodes=gpu06 CPU_IDs=0-31 Mem=256000 GRES=gpu:h200:4(IDX:0-3) "
-            "Nodes=gpu07 CPU_IDs=0-15 Mem=128000 GRES=gpu:h200:2(IDX:1,3),nic:1(IDX:0) TresPerNode=gres/gpu:4")
-    assert parse_scontrol_job(line, "gpu07") == ("alice", [1, 3])
-    assert parse_scontrol_job(line, "gpu06") == ("alice", [0, 1, 2, 3])
-    assert parse_scontrol_job(line, "gpu99") == ("alice", [])
+            "Nodes=gpu07 CPU_IDs=0-15 Mem=128000 GRES=gpu:h200:2(IDX:1,3),nic:1(IDX:0) MinCPUsNode=1 "
+            "TresPerNode=gres/gpu:4")
+    assert parse_scontrol_job(line, "gpu07") == Answer("alice", (1, 3), True)
+    assert parse_scontrol_job(line, "gpu06") == Answer("alice", (0, 1, 2, 3), True)
+    assert parse_scontrol_job(line, "gpu99") == Answer("alice", (), False)
     assert parse_scontrol_job("slurm_load_jobs error: Invalid job id specified", "gpu07") is None
+    # a job name (or comment, or command) a user chose is no per-node part; a huge IDX range is clamped
+    evil = ("JobId=43 JobName=x Nodes=gpu07 CPU_IDs=0 GRES=gpu(IDX:0-7) UserId=eve(1002) NodeList=gpu07 "
+            "Nodes=gpu07 CPU_IDs=0-3 Mem=1 GRES=gpu:1(IDX:2) MinCPUsNode=1 Comment=Nodes=gpu07 GRES=gpu(IDX:5)")
+    assert parse_scontrol_job(evil, "gpu07") == Answer("eve", (2,), True)
+    huge = parse_scontrol_job("JobId=44 UserId=a(1) NodeList=gpu07 Nodes=gpu07 GRES=gpu:1(IDX:0-10000000000)",
+                              "gpu07")
+    assert huge is not None and len(huge.indices) == 1024
+    mig = parse_scontrol_job("JobId=45 UserId=a(1) NodeList=gpu07 Nodes=gpu07 GRES=gpu:1g.10gb:2(IDX:0-1)", "gpu07")
+    assert mig is not None and mig.mig
 
 
 def test_cgroup_v1_devices_list_names_the_gpus_of_each_job_without_asking_slurm(tmp_path, scontrol_env):
@@ -71,7 +84,8 @@ def test_cgroup_v1_devices_list_names_the_gpus_of_each_job_without_asking_slurm(
     slurm_v1_job(root, 43, 1001, [200], minors=[0])
     found = cgroups.scan(root)
     assert [(j.job_id, j.uid, j.devices()) for j in found.jobs] == [("42", 1000, (2, 3)), ("43", 1001, (0,))]
-    allocations = slurm().read(found, gpus(4, minors=[0, 2, 1, 3]))
+    allocations, complete = slurm().read(found, gpus(4, minors=[0, 2, 1, 3]))
+    assert complete
     assert sorted(allocations, key=lambda a: a.uuid) == [
         JobAllocation(uuid(0), "43", "bob", "devices"), JobAllocation(uuid(1), "42", "alice", "devices"),
         JobAllocation(uuid(3), "42", "alice", "devices")]
@@ -90,10 +104,11 @@ def test_cgroup_v2_jobs_are_asked_of_scontrol_once_each(tmp_path, scontrol_env):
     slurm_v2_job(root, 43, [200])
     reader = slurm()
     state = gpus(4, minors=[1, 0, 2, 3])
-    first = reader.read(cgroups.scan(root), state)
+    first, complete = reader.read(cgroups.scan(root), state)
+    assert complete
     assert sorted((a.uuid, a.job_id, a.user, a.source) for a in first) == [
         (uuid(0), "42", "alice", "scontrol"), (uuid(1), "42", "alice", "scontrol"), (uuid(3), "43", "bob", "scontrol")]
-    assert reader.read(cgroups.scan(root), state) == first
+    assert reader.read(cgroups.scan(root), state) == (first, True)
     assert calls() == [["show", "job", "--details", "--oneliner", "42"], ["show", "job", "--details", "--oneliner", "43"]]
 
 
@@ -108,7 +123,9 @@ def test_unconstrained_v1_devices_fall_back_to_scontrol_then_to_the_mapping_dire
     (mapping / "1").write_text("0\n")  # dcgm-job-map's "no job"
     (mapping / "3.2").write_text("52\n")  # a MIG instance of GPU 3
     (mapping / "junk").write_text("53\n")
-    allocations = slurm(mapping=str(mapping)).read(cgroups.scan(root), gpus(4))
+    os.mkfifo(mapping / "2")  # a FIFO where a file should be: skipped, never read (it would block)
+    allocations, complete = slurm(mapping=str(mapping)).read(cgroups.scan(root), gpus(4))
+    assert complete
     assert sorted((a.uuid, a.job_id, a.source) for a in allocations) == [
         (uuid(0), "51", "mapping"), (uuid(2), "50", "scontrol"), (uuid(3), "52", "mapping")]
 
@@ -117,7 +134,7 @@ def test_no_slurm_here_is_absent_not_free(tmp_path, scontrol_env):
     assert slurm().read(cgroups.scan(tmp_path / "nothing"), gpus()) is None
     root = tmp_path / "cgroup"
     (root / "system.slice" / "slurmstepd.scope").mkdir(parents=True)  # slurmd runs, no job
-    assert slurm().read(cgroups.scan(root), gpus()) == ()
+    assert slurm().read(cgroups.scan(root), gpus()) == ((), True)
 
 
 def test_a_hung_scontrol_is_killed_at_its_timeout_and_not_asked_again_before_the_backoff(tmp_path, scontrol_env):
@@ -131,14 +148,15 @@ def test_a_hung_scontrol_is_killed_at_its_timeout_and_not_asked_again_before_the
     slurm_v2_job(root, 61, [2])
     clock, errors = FakeClock(), []
     reader = slurm({"scontrol-timeout": 1}, clock=clock, errors=errors)
-    assert reader.read(cgroups.scan(root), gpus()) == ()
+    assert reader.read(cgroups.scan(root), gpus()) == ((), False)  # the jobs' GPUs unknown, not free
     assert errors == [("slurm", "scontrol_timeout")] and len(calls()) == 1
     errors.clear()
     clock.advance(30)
-    assert reader.read(cgroups.scan(root), gpus()) == () and errors == [] and len(calls()) == 1
+    assert reader.read(cgroups.scan(root), gpus()) == ((), False) and errors == [] and len(calls()) == 1
     scontrol_world(world, jobs)
     clock.advance(31)
-    assert {a.job_id for a in reader.read(cgroups.scan(root), gpus())} == {"60", "61"}
+    allocations, complete = reader.read(cgroups.scan(root), gpus())
+    assert {a.job_id for a in allocations} == {"60", "61"} and complete
     assert len(calls()) == 3
 
 
@@ -149,15 +167,35 @@ def test_scontrol_missing_or_failing_is_counted_and_the_other_sources_go_on(tmp_
     slurm_v1_job(root, 71, 1000, [2], minors=[1])
     errors: list = []
     assert slurm({"scontrol": "no-such-scontrol-here"}, errors=errors).read(cgroups.scan(root), gpus()) == (
-        JobAllocation(uuid(1), "71", "alice", "devices"),)
+        (JobAllocation(uuid(1), "71", "alice", "devices"),), False)
     assert errors == [("slurm", "scontrol_missing")]
     scontrol_world(world, {}, fail=(1, "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"))
     errors.clear()
-    assert len(slurm(errors=errors).read(cgroups.scan(root), gpus())) == 1
+    allocations, complete = slurm(errors=errors).read(cgroups.scan(root), gpus())
+    assert len(allocations) == 1 and not complete
     assert errors == [("slurm", "scontrol_failed")]
-    scontrol_world(world, {})  # the job ended between the scan and the call: no error
+    scontrol_world(world, {})  # the job ended between the scan and the call (a leftover cgroup): no error
     errors.clear()
-    assert len(slurm(errors=errors).read(cgroups.scan(root), gpus())) == 1 and errors == []
+    reader = slurm(errors=errors)
+    assert reader.read(cgroups.scan(root), gpus()) == ((JobAllocation(uuid(1), "71", "alice", "devices"),), True)
+    assert errors == []
+    scontrol_world(world, {"70": {"user": "bob", "parts": [{"nodes": "gpu08", "gres": "gpu:1(IDX:0)"}]}})
+    errors.clear()  # another node's job as scontrol sees it: NodeName is not the host name
+    assert slurm(errors=errors).read(cgroups.scan(root), gpus())[1] is False
+    assert errors == [("slurm", "scontrol_node_unknown")]
+
+
+def test_a_lost_gpu_keeps_its_place_in_the_gres_order(tmp_path, scontrol_env):
+    """IDX 2 is the GPU with the third smallest minor number, whether or not the one before it answers:
+    the reader ranks every GPU discovered since start (the poller passes lost ones too)."""
+    world, _ = scontrol_env
+    scontrol_world(world, {"80": {"user": "alice", "parts": [{"nodes": "gpu07", "gres": "gpu:1(IDX:2)"}]}})
+    root = tmp_path / "cgroup"
+    slurm_v2_job(root, 80, [1])
+    state = gpus(4)
+    state[1] = GpuState(state[1].identity, {}, False)  # lost
+    allocations, _ = slurm().read(cgroups.scan(root), state)
+    assert [a.uuid for a in allocations] == [uuid(2)]
 
 
 def test_jobs_group_sums_every_process_of_the_job_with_psutil_and_keeps_the_time_of_those_that_exit(tmp_path):
@@ -207,6 +245,7 @@ def test_reader_runs_each_enabled_group_and_one_failing_source_stays_there(tmp_p
     assert [a.job_id for a in sample.slurm] == ["42"] and sample.kubernetes is None
     assert [j.job_id for j in sample.jobs] == ["42"]
     assert [name for name, _, ok in sample.collected if ok] == ["slurm", "jobs"]  # no kubelet: no series
+    assert sample.on(uuid(0)).allocated and sample.on(uuid(1)).allocated is False
     monkeypatch.setattr(reader._slurm, "read", lambda *a: 1 / 0)
     sample = reader(gpus(2))
     assert sample.slurm is None and [j.job_id for j in sample.jobs] == ["42"]
@@ -223,3 +262,81 @@ def test_psutil_reads_this_process_through_the_real_proc(tmp_path):
     slurm_v2_job(root, 1, [os.getpid()])
     usage = JobsReader("/proc", FakeClock().monotonic).read(cgroups.scan(root))[0]
     assert usage.processes == 1 and usage.cpu_seconds[0] + usage.cpu_seconds[1] > 0
+
+
+def test_the_cgroups_own_accounting_counts_what_no_process_list_can(tmp_path):
+    """cgroup v2 cpu.stat and io.stat count every process that ever ran in the job, exited between two
+    reads or invisible to gpuwatch: they are the user/system CPU and the I/O; iowait (delay accounting)
+    comes from the processes psutil reads."""
+    from gpuwatch.hostside.jobs import JobsReader
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    job = slurm_v2_job(root, 42, [100])
+    fake_process(proc, 100, user=10.0, system=1.0, iowait=2.0, read_bytes=5, write_bytes=5)
+    (job / "cpu.stat").write_text("usage_usec 70000000\nuser_usec 60000000\nsystem_usec 10000000\n")
+    (job / "io.stat").write_text("8:0 rbytes=1000 wbytes=200 rios=1 wios=1 dbytes=0 dios=0\n"
+                                 "259:0 rbytes=24 wbytes=1 rios=1 wios=1 dbytes=0 dios=0\n")
+    usage = JobsReader(str(proc), FakeClock().monotonic).read(cgroups.scan(root))[0]
+    assert (usage.cpu_seconds, usage.read_bytes, usage.write_bytes) == ((60.0, 10.0, 2.0), 1024, 201)
+
+
+def test_a_job_whose_processes_gpuwatch_cannot_see_is_absent_not_idle(tmp_path):
+    """cgroup.procs lists processes of another PID namespace as 0 (a container without hostPID): without
+    the cgroup's accounting nothing can be said, so the job has no reading (counted, logged once), never
+    a CPU use of 0 that input_bound would read as 'not saturated'."""
+    from gpuwatch.hostside.jobs import JobsReader
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    job = slurm_v2_job(root, 42, [0, 0, 0])
+    errors: list = []
+    reader = JobsReader(str(proc), FakeClock().monotonic, errors=errors)
+    assert reader.read(cgroups.scan(root)) == () and errors == [("jobs", "processes_not_visible")]
+    (job / "cpu.stat").write_text("user_usec 5000000\nsystem_usec 1000000\n")
+    usage = reader.read(cgroups.scan(root))[0]
+    assert usage.cpu_seconds == (5.0, 1.0, None) and usage.processes == 3
+
+
+def test_cpu_totals_never_count_a_process_twice(tmp_path):
+    """Keyed by PID and start ticks: a boot time that moves (NTP) does not make a process new; one that
+    misses one read (a cgroup.procs read racing a migration) and comes back is not counted twice; a PID
+    reused by a new process is a new process; /proc/PID/io turning unreadable keeps the last bytes."""
+    from gpuwatch.hostside.jobs import JobsReader
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    slurm_v2_job(root, 42, [100, 101])
+    procs = root / "system.slice/slurmstepd.scope/job_42/step_0/user/task_0/cgroup.procs"
+    fake_process(proc, 100, user=100.0, read_bytes=1000)
+    fake_process(proc, 101, user=50.0, read_bytes=500)
+    reader = JobsReader(str(proc), FakeClock().monotonic)
+
+    def read():
+        job = reader.read(cgroups.scan(root))[0]
+        return job.cpu_seconds[0], job.read_bytes
+    assert read() == (150.0, 1500)
+    (proc / "stat").write_text("cpu  1 2 3 4 5 6 7 0 0 0\nbtime 1700000001\n")  # the boot time moved by 1 s
+    assert read() == (150.0, 1500)
+    procs.write_text("100\n")  # 101 missed one read ...
+    assert read() == (150.0, 1500)
+    procs.write_text("100\n101\n")  # ... and is back, unchanged
+    assert read() == (150.0, 1500)
+    fake_process(proc, 101, user=1.0, read_bytes=1, start_ticks=9000)  # exited; its PID reused by a new process
+    assert read() == (151.0, 1501)
+    fake_process(proc, 100, user=110.0, read_bytes=None)  # 100 dropped dumpable: its I/O unreadable from now
+    assert read() == (161.0, 1501)
+
+
+def test_malformed_cgroup_files_cost_their_own_reading_only(tmp_path):
+    from gpuwatch.hostside.jobs import JobsReader
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    job = slurm_v2_job(root, 42, [100], cpus="5-3", quota="nan 100000")
+    fake_process(proc, 100, user=1.0)
+    (job / "step_0" / "cgroup.procs").write_bytes(b"\xff\xfe\n\xc2\xb2\n100\n")  # not UTF-8, a superscript two
+    (job / "cpu.stat").write_text("user_usec inf\nsystem_usec -5\n")
+    usage = JobsReader(str(proc), FakeClock().monotonic, node_cpus=64.0).read(cgroups.scan(root))[0]
+    assert usage.processes == 1 and usage.cpus == 64.0 and usage.cpu_seconds[0] == 1.0
+    assert cgroups.count_cpu_list("0-3,8,x,9-7,10-11") == 7

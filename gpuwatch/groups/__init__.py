@@ -124,11 +124,23 @@ class HostSample:
     # (group, error) met in this read (gpuwatch_collector_errors_total), e.g. ("slurm", "scontrol_timeout")
     errors: tuple[tuple[str, str], ...] = ()
     collected: tuple[tuple[str, float, bool], ...] = ()  # (group, seconds, succeeded)
+    # False when a source could not say where some of its jobs or pods are (scontrol failed, a device id
+    # that names no GPU here): a GPU without an allocation is then unknown (None), not free
+    slurm_complete: bool = True
+    kubernetes_complete: bool = True
+    gpus: tuple[str, ...] | None = None  # the GPUs (uuids) the read knew of; None: every GPU
 
     def on(self, uuid: str) -> GpuHost:
         """This GPU's part: its allocations."""
-        return GpuHost(None if self.slurm is None else tuple(a for a in self.slurm if a.uuid == uuid),
-                       None if self.kubernetes is None else tuple(a for a in self.kubernetes if a.uuid == uuid))
+        return GpuHost(_part(self.slurm, uuid, self.slurm_complete), _part(self.kubernetes, uuid,
+                                                                           self.kubernetes_complete))
+
+
+def _part(allocations: tuple[Any, ...] | None, uuid: str, complete: bool) -> tuple[Any, ...] | None:
+    if allocations is None:
+        return None
+    mine = tuple(a for a in allocations if a.uuid == uuid)
+    return mine if mine or complete else None
 
 
 @dataclass(frozen=True, slots=True)

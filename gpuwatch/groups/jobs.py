@@ -25,7 +25,7 @@ class JobUsage:
 
     scheduler: str  # slurm | kubernetes
     job_id: str  # Slurm job id or pod UID (as gpuwatch_gpu_job_info's job_id)
-    cpu_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)  # user, system, iowait (MODES)
+    cpu_seconds: tuple[float, float, float | None] = (0.0, 0.0, 0.0)  # user, system, iowait (MODES); None: unknown
     read_bytes: int | None = None  # None: some process's /proc/PID/io is not readable
     write_bytes: int | None = None
     cpus: float | None = None  # CPUs it may use (cpuset, CPU quota); None: unknown

@@ -31,13 +31,16 @@ class KubeletPods:
         self._client = PodResourcesClient(socket_path, timeout) if grpc_available() else None
         self._errors = errors
         self._failing: str | None = None
+        self._unknown_logged: set[str] = set()
         self._log = get_logger(component="kubernetes")
         if self._client is None:
             self._log.info("kubernetes_off", reason="no_grpcio",
                            hint="pip install 'gpuwatch[kubernetes]' for pod labels from the kubelet; "
                                 "or --no-collector.kubernetes")
 
-    def read(self, gpus: Sequence[GpuState]) -> tuple[PodAllocation, ...] | None:
+    def read(self, gpus: Sequence[GpuState]) -> tuple[tuple[PodAllocation, ...], bool] | None:
+        """(allocations, complete): complete unless an nvidia.com device id named no GPU or MIG device
+        gpuwatch knows (then a GPU without a pod is unknown, not free); None: no kubelet to ask."""
         if self._client is None:
             return None
         from gpuwatch.hostside.kubelet import KubeletUnavailable
@@ -59,15 +62,24 @@ class KubeletPods:
         owners: dict[str, tuple[str, int | None]] = {}
         for g in gpus:
             owners[g.identity.uuid] = (g.identity.uuid, None)
+            owners[str(g.identity.index)] = (g.identity.uuid, None)  # the device plugin's index id strategy
             for m in g.slow.mig if g.slow is not None else ():
                 if m.mig_uuid:
                     owners[m.mig_uuid] = (g.identity.uuid, m.gpu_instance)
         found = []
+        complete = True
         for d in devices:
             owner = owners.get(d.device_id)
             if owner is not None:
                 found.append(PodAllocation(owner[0], d.namespace, d.pod, d.container, owner[1]))
-        return tuple(dict.fromkeys(found))
+            else:
+                complete = False
+                if d.device_id not in self._unknown_logged and len(self._unknown_logged) < 64:
+                    self._unknown_logged.add(d.device_id)
+                    self._log.warning("kubelet_device_unknown", device_id=d.device_id, resource=d.resource,
+                                      hint="a device the kubelet allocated names no GPU gpuwatch knows (a MIG "
+                                           "device with --no-collector.mig?): GPUs without a pod read as unknown")
+        return tuple(dict.fromkeys(found)), complete
 
     def close(self) -> None:
         if self._client is not None:
@@ -94,7 +106,7 @@ class HostReader:
         if "jobs" in enabled:
             from gpuwatch.hostside.jobs import JobsReader
 
-            self._jobs = JobsReader(proc_root, monotonic, float(os.cpu_count() or 0) or None)
+            self._jobs = JobsReader(proc_root, monotonic, float(os.cpu_count() or 0) or None, self._errors)
         self._failed: set[str] = set()
 
     @property
@@ -131,8 +143,12 @@ class HostReader:
             ok = len(self._errors) == errors_before and not (scanned and found is None)
             if value is not None or not ok:  # nothing to read here (no Slurm, no kubelet): no collector series
                 collected.append((name, seconds, ok))
-        return HostSample(slurm=values.get("slurm"), kubernetes=values.get("kubernetes"), jobs=values.get("jobs"),
-                          errors=tuple(self._errors), collected=tuple(collected))
+        slurm = values.get("slurm")
+        pods = values.get("kubernetes")
+        return HostSample(slurm=None if slurm is None else slurm[0], kubernetes=None if pods is None else pods[0],
+                          jobs=values.get("jobs"), errors=tuple(self._errors), collected=tuple(collected),
+                          slurm_complete=slurm is None or slurm[1], kubernetes_complete=pods is None or pods[1],
+                          gpus=tuple(g.identity.uuid for g in gpus))
 
     def _run(self, name: str, read: Callable[[], Any]) -> Any:
         """One source's read; a bug in it costs that group this read, logged once until it works again."""

@@ -15,6 +15,7 @@ Every read is of small pseudo-files; a job that ends mid-scan is simply missing 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -47,24 +48,53 @@ class JobCgroup:
         directory = self.dirs.get("devices")
         if directory is None:
             return None
-        try:
-            text = (directory / "devices.list").read_text(errors="replace")
-        except OSError:
-            return None
-        return parse_devices_list(text)
+        text = _read(directory / "devices.list")
+        return None if text is None else parse_devices_list(text)
 
-    def pids(self) -> set[int]:
-        """Every process of the job: cgroup.procs of its directory and all below (the steps, the tasks)."""
+    def pids(self) -> tuple[set[int], int]:
+        """Every process of the job: cgroup.procs of its directory and all below (the steps, the tasks),
+        and how many entries read as 0 — processes outside gpuwatch's PID namespace (a container
+        without the host's PID namespace), which the kernel cannot name."""
         found: set[int] = set()
+        hidden = 0
         for directory in self._one_tree():
-            for base, _dirs, files in os.walk(directory):
+            for walked, (base, _dirs, files) in enumerate(os.walk(directory)):
+                if walked > _MAX_DIRS:  # a runaway tree: what was read is what there is
+                    break
                 if "cgroup.procs" in files:
-                    try:
-                        text = Path(base, "cgroup.procs").read_text()
-                    except OSError:
-                        continue
-                    found.update(int(line) for line in text.split() if line.isdigit())
-        return found
+                    text = _read(Path(base, "cgroup.procs")) or ""
+                    for line in text.split():
+                        if line.isascii() and line.isdigit():
+                            if int(line) == 0:
+                                hidden += 1
+                            else:
+                                found.add(int(line))
+        return found, hidden
+
+    def accounting(self) -> tuple[tuple[float, float] | None, tuple[int, int] | None]:
+        """The cgroup's own totals, which count every process that ever ran in it (exited ones too,
+        whatever PID namespace): (user, system) CPU seconds, (read, write) bytes of block I/O; None
+        where not readable (cgroup v2 ``cpu.stat``/``io.stat``; v1 ``cpuacct.stat``)."""
+        cpu = io = None
+        if "" in self.dirs:
+            stat = _keyed(_read(self.dirs[""] / "cpu.stat"))
+            if "user_usec" in stat and "system_usec" in stat:
+                cpu = (stat["user_usec"] / 1e6, stat["system_usec"] / 1e6)
+            text = _read(self.dirs[""] / "io.stat")
+            if text is not None:
+                read = write = 0
+                for line in text.splitlines():
+                    fields = _keyed(" ".join(line.split()[1:]), "=")
+                    read += int(fields.get("rbytes", 0))
+                    write += int(fields.get("wbytes", 0))
+                io = (read, write)
+        for controller in ("cpu,cpuacct", "cpuacct"):
+            directory = self.dirs.get(controller)
+            if cpu is None and directory is not None:
+                stat = _keyed(_read(directory / "cpuacct.stat"))
+                if "user" in stat and "system" in stat:  # USER_HZ ticks
+                    cpu = (stat["user"] / _TICK, stat["system"] / _TICK)
+        return cpu, io
 
     def _one_tree(self) -> list[Path]:
         if "" in self.dirs:
@@ -82,7 +112,8 @@ class JobCgroup:
             directory = self.dirs.get(controller)
             text = _read(directory / name) if directory is not None else None
             if text:
-                counts.append(float(count_cpu_list(text)))
+                if count_cpu_list(text) > 0:
+                    counts.append(float(count_cpu_list(text)))
                 break
         quota = None
         if "" in self.dirs:
@@ -97,16 +128,42 @@ class JobCgroup:
                 q, p = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
                 if q and p and not q.startswith("-"):
                     quota = _ratio(q, p)
-        if quota is not None:
+        if quota is not None and quota > 0:
             counts.append(quota)
         return min(counts) if counts else None
 
 
+_MAX_DIRS = 10_000  # directories walked per job at most
+_TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+
 def _read(path: Path) -> str | None:
+    """A pseudo-file's text (bytes that are not UTF-8 replaced), None when it cannot be read. Only
+    regular files: a FIFO or a socket where a file should be would block the read."""
     try:
-        return path.read_text(errors="replace").strip()
+        if not path.is_file():
+            return None
+        with open(path, "rb") as f:
+            return f.read(1 << 20).decode(errors="replace").strip()
     except OSError:
         return None
+
+
+def _keyed(text: str | None, sep: str = " ") -> dict[str, float]:
+    """"key value" lines (or "k=v" words) -> numbers; what does not parse is left out."""
+    found: dict[str, float] = {}
+    if not text:
+        return found
+    items = text.split() if sep == "=" else text.splitlines()
+    for item in items:
+        key, _, value = item.strip().partition(sep)
+        try:
+            number = float(value.strip())
+        except ValueError:
+            continue
+        if math.isfinite(number) and number >= 0:
+            found[key.strip()] = number
+    return found
 
 
 def _ratio(a: str, b: str) -> float | None:
@@ -114,18 +171,21 @@ def _ratio(a: str, b: str) -> float | None:
         quota, period = float(a), float(b)
     except ValueError:
         return None
-    return quota / period if period > 0 else None
+    ratio = quota / period if period > 0 else None
+    return ratio if ratio is not None and math.isfinite(ratio) else None
 
 
 def count_cpu_list(text: str) -> int:
     """CPUs in a kernel CPU list, e.g. "0-15,32-47" -> 32 (malformed parts count nothing)."""
     total = 0
     for part in text.strip().split(","):
-        lo, sep, hi = part.partition("-")
-        try:
-            total += (int(hi) - int(lo) + 1) if sep else (1 if lo.strip() else 0)
-        except ValueError:
+        lo, sep, hi = part.strip().partition("-")
+        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
             continue
+        if not sep:
+            total += 1
+        elif int(hi) >= int(lo):
+            total += int(hi) - int(lo) + 1
     return total
 
 
@@ -145,7 +205,7 @@ def parse_devices_list(text: str) -> tuple[int, ...] | None:
             continue
         if minor == "*":
             return None
-        if minor.isdigit() and int(minor) in _GPU_MINORS:
+        if minor.isascii() and minor.isdigit() and int(minor) in _GPU_MINORS:
             minors.add(int(minor))
     return tuple(sorted(minors))
 

@@ -1,11 +1,20 @@
-"""The jobs group's reader: per job, the CPU time, I/O and CPUs of every process in its cgroup (psutil).
+"""The jobs group's reader: per job, the CPU time, I/O and CPUs of the processes in its cgroup.
 
-psutil reads ``/proc/PID/stat`` (user, system, and the block-I/O delay that Linux accounts as
-the process's iowait) and ``/proc/PID/io``; a process that exits mid-read is skipped
-(NoSuchProcess), one whose I/O gpuwatch may not read (AccessDenied: another user's, without
-CAP_SYS_PTRACE) makes the job's I/O absent. A job's totals keep the last seen times of its
-processes that exited, so the counters only grow while the job lives. The proc root is
-``--attribution.proc-root`` (psutil.PROCFS_PATH), the cgroup root ``--attribution.cgroup-root``.
+Per job (a Slurm job's or a pod's cgroup, gpuwatch/hostside/cgroups.py):
+
+- user and system CPU seconds and block-I/O bytes from the cgroup's own accounting where it can be
+  read (v2 ``cpu.stat``, ``io.stat``; v1 ``cpuacct.stat``): they count every process that ever ran
+  in it, those that started and exited between two reads included, whatever PID namespace;
+- iowait, and the rest where the cgroup does not account it, with psutil over every process of its
+  ``cgroup.procs`` (data loaders included): ``/proc/PID/stat``'s times and block-I/O delay (the
+  kernel's delay accounting), ``/proc/PID/io``. A process that exits mid-read is skipped
+  (NoSuchProcess); the last seen times of one that exited stay in the job's totals, so the counters
+  only grow while the job lives. One whose I/O gpuwatch may not read (AccessDenied: another user's,
+  without CAP_SYS_PTRACE) makes the job's psutil I/O absent unless the cgroup accounts it.
+
+A job whose processes gpuwatch cannot see at all (cgroup.procs lists them as 0 from another PID
+namespace, or ``/proc`` is mounted with hidepid) and whose cgroup has no readable accounting has no
+reading: absent, not 0, counted as ``processes_not_visible`` and logged once.
 """
 
 from __future__ import annotations
@@ -16,72 +25,126 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpuwatch.groups.jobs import JobUsage
-from gpuwatch.hostside.cgroups import Scan
+from gpuwatch.hostside.cgroups import JobCgroup, Scan
+from gpuwatch.logs import get_logger
 
 _Cpu = tuple[float, float, float]  # user, system, iowait seconds
 _Io = tuple[int, int] | None  # read, write bytes; None: not readable
+_Key = tuple[int, float]  # (pid, seconds after boot it started): a PID reused by another process differs
+_RECENT = 4096  # exited processes remembered per job (one that only looked exited comes back uncounted)
 
 
 @dataclass
 class _Job:
-    seen: dict[tuple[int, float], tuple[_Cpu, _Io]] = field(default_factory=dict)  # (pid, start) -> last totals
+    seen: dict[_Key, tuple[_Cpu, _Io]] = field(default_factory=dict)  # the last read's processes
     retired: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # CPU of processes that exited
     retired_io: list[int] = field(default_factory=lambda: [0, 0])
-    last: tuple[float, float, float, float] | None = None  # (monotonic, user, system, iowait) of the last read
+    recent: dict[_Key, tuple[_Cpu, _Io]] = field(default_factory=dict)  # retired ones, by key
+    last: tuple[float, float | None, float | None, float | None] | None = None  # (monotonic, user, system, iowait)
 
 
 class JobsReader:
-    def __init__(self, proc_root: str, monotonic: Callable[[], float], node_cpus: float | None = None) -> None:
+    def __init__(self, proc_root: str, monotonic: Callable[[], float], node_cpus: float | None = None,
+                 errors: list[tuple[str, str]] | None = None) -> None:
         psutil.PROCFS_PATH = proc_root  # psutil's one setting for where /proc is (a host's, in a container)
         self._monotonic = monotonic
         self._node_cpus = node_cpus
         self._jobs: dict[tuple[str, str], _Job] = {}
+        self._errors = errors if errors is not None else []
+        self._invisible_logged = False
+        self._log = get_logger(component="jobs")
 
     def read(self, found: Scan) -> tuple[JobUsage, ...]:
         now = self._monotonic()
+        try:
+            boot = psutil.boot_time()  # create_time() is boot time + start ticks: the key takes the ticks
+        except Exception:
+            boot = 0.0
         usages = []
         live = set()
         for cgroup in found.jobs:
             key = (cgroup.scheduler, cgroup.job_id)
             live.add(key)
-            job = self._jobs.setdefault(key, _Job())
-            current: dict[tuple[int, float], tuple[_Cpu, _Io]] = {}
-            io_readable = True
-            for pid in sorted(cgroup.pids()):
-                read_one = _process(pid)
-                if read_one is None:
-                    continue
-                start, times, io = read_one
-                current[(pid, start)] = (times, io)
-                io_readable = io_readable and io is not None
-            for exited in job.seen.keys() - current.keys():  # exited since the last read: keep their time
-                old_times, old_io = job.seen[exited]
-                for i in range(3):
-                    job.retired[i] += old_times[i]
-                if old_io is not None:
-                    job.retired_io[0] += old_io[0]
-                    job.retired_io[1] += old_io[1]
-            job.seen = current
-            cpu = [job.retired[i] + sum(times[i] for times, _ in current.values()) for i in range(3)]
-            cpus = cgroup.cpus() or self._node_cpus
-            busy = iowait = None
-            if job.last is not None and now > job.last[0]:
-                elapsed = now - job.last[0]
-                d_user, d_system, d_wait = (max(0.0, cpu[i] - job.last[i + 1]) for i in range(3))
-                busy = (d_user + d_system) / elapsed / cpus if cpus else None
-                wanted = d_user + d_system + d_wait
-                iowait = d_wait / wanted if wanted > 0 else 0.0
-            job.last = (now, cpu[0], cpu[1], cpu[2])
-            read: int | None = None
-            write: int | None = None
-            if io_readable:
-                read = job.retired_io[0] + sum(io[0] for _, io in current.values() if io is not None)
-                write = job.retired_io[1] + sum(io[1] for _, io in current.values() if io is not None)
-            usages.append(JobUsage(cgroup.scheduler, cgroup.job_id, (cpu[0], cpu[1], cpu[2]), read, write, cpus,
-                                   len(current), busy, iowait))
+            usage = self._one(cgroup, self._jobs.setdefault(key, _Job()), now, boot)
+            if usage is not None:
+                usages.append(usage)
         for ended in self._jobs.keys() - live:
             del self._jobs[ended]
         return tuple(usages)
+
+    def _one(self, cgroup: JobCgroup, job: _Job, now: float, boot: float) -> JobUsage | None:
+        pids, hidden = cgroup.pids()
+        accounted_cpu, accounted_io = cgroup.accounting()
+        current: dict[_Key, tuple[_Cpu, _Io]] = {}
+        io_readable = True
+        for pid in sorted(pids):
+            read_one = _process(pid)
+            if read_one is None:
+                continue
+            start, times, io = read_one
+            process = (pid, round(start - boot, 2))
+            previous = job.seen.get(process) or job.recent.pop(process, None)
+            if previous is not None and process not in job.seen:  # it only looked exited: take it back
+                self._unretire(job, previous)
+            if io is None and previous is not None and previous[1] is not None:
+                io = previous[1]  # /proc/PID/io became unreadable (the process dropped dumpable): keep the last
+            current[process] = (times, io)
+            io_readable = io_readable and io is not None
+        if (pids or hidden) and not current and accounted_cpu is None:
+            self._errors.append(("jobs", "processes_not_visible"))
+            if not self._invisible_logged:
+                self._invisible_logged = True
+                self._log.warning("processes_not_visible", scheduler=cgroup.scheduler, job_id=cgroup.job_id,
+                                  hidden=hidden, hint="gpuwatch cannot see the job's processes: in a container, run "
+                                  "it in the host's PID namespace (hostPID); a /proc mounted with hidepid hides "
+                                  "other users' processes")
+            return None
+        for exited in job.seen.keys() - current.keys():  # exited since the last read: keep their time
+            self._retire(job, exited, job.seen[exited])
+        job.seen = current
+        psutil_cpu = [job.retired[i] + sum(times[i] for times, _ in current.values()) for i in range(3)]
+        user, system = accounted_cpu if accounted_cpu is not None else (psutil_cpu[0], psutil_cpu[1])
+        iowait: float | None = psutil_cpu[2] if (current or job.retired[2]) else None
+        cpus = cgroup.cpus() or self._node_cpus
+        busy = wait_share = None
+        if job.last is not None and now > job.last[0]:
+            elapsed = now - job.last[0]
+            d_user, d_system = max(0.0, user - (job.last[1] or 0.0)), max(0.0, system - (job.last[2] or 0.0))
+            busy = (d_user + d_system) / elapsed / cpus if cpus else None
+            if iowait is not None and job.last[3] is not None:
+                d_wait = max(0.0, iowait - job.last[3])
+                wanted = d_user + d_system + d_wait
+                wait_share = d_wait / wanted if wanted > 0 else 0.0
+        job.last = (now, user, system, iowait)
+        read = write = None
+        if accounted_io is not None:
+            read, write = accounted_io
+        elif io_readable and current:
+            read = job.retired_io[0] + sum(io[0] for _, io in current.values() if io is not None)
+            write = job.retired_io[1] + sum(io[1] for _, io in current.values() if io is not None)
+        return JobUsage(cgroup.scheduler, cgroup.job_id, (user, system, iowait), read, write, cpus,
+                        len(current) or len(pids) + hidden, busy, wait_share)
+
+    @staticmethod
+    def _retire(job: _Job, key: _Key, totals: tuple[_Cpu, _Io]) -> None:
+        times, io = totals
+        for i in range(3):
+            job.retired[i] += times[i]
+        if io is not None:
+            job.retired_io[0] += io[0]
+            job.retired_io[1] += io[1]
+        job.recent[key] = totals
+        if len(job.recent) > _RECENT:
+            del job.recent[next(iter(job.recent))]
+
+    @staticmethod
+    def _unretire(job: _Job, totals: tuple[_Cpu, _Io]) -> None:
+        times, io = totals
+        for i in range(3):
+            job.retired[i] -= times[i]
+        if io is not None:
+            job.retired_io[0] -= io[0]
+            job.retired_io[1] -= io[1]
 
 
 def _process(pid: int) -> tuple[float, _Cpu, _Io] | None:

@@ -18,7 +18,7 @@ import socket
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
@@ -26,73 +26,99 @@ from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuState
 
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^(,]*)*\(IDX:([0-9,\-]+)\)")
+_MIG_TYPE = re.compile(r":\d+g\.\d+gb", re.IGNORECASE)  # gpu:1g.10gb:2(IDX:0-1): MIG devices, not GPUs
 _USER = re.compile(r"^([^()]*)\((\d+)\)$")
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's hostlist syntax: "gpu[01-03,07],login1" -> gpu01 gpu02 gpu03 gpu07 login1."""
-    names: list[str] = []
-    depth, start = 0, 0
-    parts: list[str] = []
+_MAX_INDEX = 1024  # GRES indices beyond this are not GPUs of one node
+
+
+def _top_level(text: str) -> list[str]:
+    """The comma-separated parts of a hostlist, commas inside brackets kept."""
+    parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     parts.append(text[start:])
-    for part in parts:
-        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not match:
-            if part:
-                names.append(part)
+    return [p for p in parts if p]
+
+
+def _in_ranges(digits: str, ranges: str) -> bool:
+    for item in ranges.split(","):
+        lo, sep, hi = item.partition("-")
+        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
             continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            lo, sep, hi = item.partition("-")
-            if not sep:
-                names.append(f"{prefix}{lo}{suffix}")
-                continue
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) - int(lo) > 100_000:
-                continue
-            width = len(lo)
-            names.extend(f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1))
-    return names
+        width_ok = len(digits) == len(lo) if lo.startswith("0") else not digits.startswith("0") or digits == "0"
+        if width_ok and int(lo) <= int(digits) <= int(hi if sep else lo):
+            return True
+    return False
+
+
+def hostlist_contains(text: str, node: str) -> bool:
+    """Whether Slurm's hostlist ``text`` ("gpu[01-03,07],rack[1-2]-n[01-40]") names ``node``,
+    without expanding it (a hostlist of a million nodes costs what its text costs)."""
+    for part in _top_level(text):
+        pieces = re.split(r"\[([^\]]*)\]", part)  # literal, ranges, literal, ranges, ..., literal
+        pattern = "".join(re.escape(p) if i % 2 == 0 else r"(\d+)" for i, p in enumerate(pieces))
+        match = re.fullmatch(pattern, node)
+        if match and all(_in_ranges(digits, pieces[2 * k + 1]) for k, digits in enumerate(match.groups())):
+            return True
+    return False
 
 
 def _indices(text: str) -> list[int]:
-    found: list[int] = []
+    found: set[int] = set()
     for item in text.split(","):
         lo, sep, hi = item.partition("-")
-        if lo.isdigit() and (not sep or hi.isdigit()):
-            found.extend(range(int(lo), int(hi if sep else lo) + 1))
-    return found
+        if lo.isascii() and lo.isdigit() and (not sep or (hi.isascii() and hi.isdigit())):
+            found.update(range(int(lo), min(int(hi if sep else lo), _MAX_INDEX - 1) + 1))
+    return sorted(found)
 
 
-def parse_scontrol_job(text: str, node: str) -> tuple[str, list[int]] | None:
-    """(user, GRES GPU indices on ``node``) from ``scontrol show job --details --oneliner``; None
-    when the output is not one job's record. A job without GPUs on this node has no indices."""
+class Answer(NamedTuple):
+    """What scontrol says of one job on this node."""
+
+    user: str
+    indices: tuple[int, ...]  # GRES GPU indices on this node
+    on_node: bool  # this node is in one of the job's per-node parts
+    mig: bool = False  # GPUs given as MIG GRES (gpu:1g.10gb...): their indices are not GPUs
+
+
+def parse_scontrol_job(text: str, node: str) -> Answer | None:
+    """This node's part of ``scontrol show job --details --oneliner``; None when the output is not
+    one job's record. Only the per-node parts (``Nodes=… CPU_IDs=… Mem=… GRES=…``) between
+    ``NodeList=`` and ``MinCPUsNode=`` count: free-text fields a user sets (JobName, Comment, the
+    command) are outside that region, so "Nodes=… GRES=…" in a job name changes nothing."""
     user = ""
     indices: list[int] = []
-    current: list[str] = []
-    seen_job = False
+    current = False
+    on_node = mig = seen_job = False
+    region = False
     for token in text.split():
         key, sep, value = token.partition("=")
         if not sep:
             continue
-        if key == "JobId":
+        if key == "JobId" and not seen_job:
             seen_job = True
-        elif key == "UserId":
+        elif key == "UserId" and not user:
             match = _USER.match(value)
             user = match.group(1) if match else value
-        elif key == "Nodes":
-            current = expand_hostlist(value)
-        elif key in ("GRES", "Gres") and node in current:
+        elif key == "NodeList":
+            region = True
+        elif key == "MinCPUsNode":
+            region = False
+        elif region and key == "Nodes":
+            current = hostlist_contains(value, node)
+            on_node = on_node or current
+        elif region and current and key in ("GRES", "Gres"):
             for match in _GRES_GPU.finditer(value):
+                mig = mig or bool(_MIG_TYPE.search(match.group(0)))
                 indices.extend(_indices(match.group(1)))
-    return (user, sorted(set(indices))) if seen_job else None
+    if not seen_job:
+        return None
+    return Answer(user, tuple(sorted(set(indices))), on_node, mig)
 
 
 class Scontrol:
@@ -108,6 +134,7 @@ class Scontrol:
         self._path: str | None = None
         self._resume_at = float("-inf")
         self._failing: str | None = None
+        self._noted: set[str] = set()
         self._log = get_logger(component="slurm")
 
     def _resolve(self) -> str | None:
@@ -125,6 +152,8 @@ class Scontrol:
         return self._monotonic() >= self._resume_at and self._resolve() is not None
 
     def show_job(self, job_id: str) -> str | None:
+        """The one-line record; "" when Slurm does not know the job (it ended); None on a failure
+        (counted, logged once, then no call until the backoff has passed)."""
         path = self._resolve()
         if path is None or self._monotonic() < self._resume_at:
             return None
@@ -143,7 +172,7 @@ class Scontrol:
         if done.returncode != 0:
             message = done.stderr.decode(errors="replace").strip()[:200]
             if "Invalid job id" in message:  # the job ended between the scan and the call: not a failure
-                return None
+                return ""
             self.fail("scontrol_failed", f"scontrol show job {job_id} exited with {done.returncode}: {message}",
                        "check that this node may talk to slurmctld (scontrol ping)")
             return None
@@ -151,6 +180,13 @@ class Scontrol:
             self._log.info("scontrol_recovered", failed=self._failing)
             self._failing = None
         return done.stdout.decode(errors="replace")
+
+    def note(self, error: str, message: str, hint: str) -> None:
+        """A problem with one answer, not with scontrol: counted, logged once per kind, no backoff."""
+        self._errors.append(("slurm", error))
+        if error not in self._noted:
+            self._noted.add(error)
+            self._log.warning(error, error_detail=message, hint=hint)
 
     def fail(self, error: str, message: str, hint: str) -> None:
         self._errors.append(("slurm", error))
@@ -180,7 +216,10 @@ def read_mapping_dir(directory: Path) -> dict[tuple[int, int | None], list[str]]
         if not match:
             continue
         try:
-            text = entry.read_text(errors="replace")
+            if not entry.is_file():  # a FIFO would block the read
+                continue
+            with open(entry, "rb") as f:
+                text = f.read(1 << 16).decode(errors="replace")
         except OSError:
             continue
         jobs = [line.strip() for line in text.splitlines() if line.strip() and line.strip() != "0"]
@@ -196,13 +235,20 @@ class SlurmAllocations:
     def __init__(self, options: dict[str, Any], mapping_dir: str | None, monotonic: Callable[[], float],
                  errors: list[tuple[str, str]], user_name: Callable[[int], str] = _user) -> None:
         self._node = str(options.get("node-name") or "") or socket.gethostname().split(".")[0]
-        self._scontrol = Scontrol(str(options.get("scontrol", "scontrol")), float(options.get("scontrol-timeout", 5)),
+        timeout = float(options.get("scontrol-timeout", 5))
+        self._scontrol = Scontrol(str(options.get("scontrol", "scontrol")), timeout,
                                   float(options.get("scontrol-backoff", 60)), monotonic, errors)
+        self._budget = 2 * timeout  # scontrol time per read at most: later jobs wait for the next read
+        self._monotonic = monotonic
         self._mapping = None if mapping_dir is None else Path(mapping_dir)
         self._user_name = user_name
-        self._cache: dict[str, tuple[str, list[int]]] = {}  # job id -> scontrol's (user, GRES indices)
+        self._users: dict[int, str] = {}  # uid -> name (an LDAP lookup per job and read would be slow)
+        self._cache: dict[str, Answer] = {}  # job id -> what scontrol said, for the job's life
 
-    def read(self, found: Scan, gpus: Sequence[GpuState]) -> tuple[JobAllocation, ...] | None:
+    def read(self, found: Scan, gpus: Sequence[GpuState]) -> tuple[tuple[JobAllocation, ...], bool] | None:
+        """(allocations, complete) — complete: every job of the node was resolved, so a GPU without an
+        allocation is free; None where gpuwatch sees no Slurm at all. ``gpus``: every GPU discovered
+        since start (a lost one keeps its place in the GRES order)."""
         if not found.slurm_hierarchy and self._mapping is None:
             return None  # no Slurm here that gpuwatch can see: absent, not "free"
         by_minor = {g.identity.minor_number: g.identity.uuid for g in gpus if g.identity.minor_number is not None}
@@ -210,10 +256,11 @@ class SlurmAllocations:
         by_index = {g.identity.index: g.identity.uuid for g in gpus}
         allocations: list[JobAllocation] = []
         resolved: set[str] = set()
-        live = set()
+        live = []
+        deadline = self._monotonic() + self._budget
         for job in (j for j in found.jobs if j.scheduler == "slurm"):
-            live.add(job.job_id)
-            user = self._user_name(job.uid) if job.uid is not None else ""
+            live.append(job.job_id)
+            user = self._user(job.uid) if job.uid is not None else ""
             minors = job.devices()
             if minors is not None:
                 allocations.extend(JobAllocation(by_minor[m], job.job_id, user, "devices") for m in minors
@@ -221,12 +268,11 @@ class SlurmAllocations:
                 resolved.add(job.job_id)
                 continue
             answer = self._cache.get(job.job_id)
-            if answer is None:
+            if answer is None and self._monotonic() < deadline:
                 answer = self._ask(job)
-            if answer is not None:
-                scontrol_user, indices = answer
-                allocations.extend(JobAllocation(by_gres[i], job.job_id, user or scontrol_user, "scontrol")
-                                   for i in indices if i < len(by_gres))
+            if answer is not None and not answer.mig:
+                allocations.extend(JobAllocation(by_gres[i], job.job_id, user or answer.user, "scontrol")
+                                   for i in answer.indices if i < len(by_gres))
                 resolved.add(job.job_id)
         for gone in [j for j in self._cache if j not in live]:
             del self._cache[gone]
@@ -236,17 +282,38 @@ class SlurmAllocations:
                 for job_id in jobs:
                     if uuid is not None and job_id not in resolved:
                         allocations.append(JobAllocation(uuid, job_id, "", "mapping"))
-        return tuple(dict.fromkeys(allocations))  # one per (GPU, job): MIG files of one GPU say it again
+            resolved.update(a.job_id for a in allocations)
+        # one per (GPU, job): the MIG files of one GPU say it again
+        return tuple(dict.fromkeys(allocations)), all(j in resolved for j in live)
 
-    def _ask(self, job: JobCgroup) -> tuple[str, list[int]] | None:
+    def _user(self, uid: int) -> str:
+        name = self._users.get(uid)
+        if name is None:
+            if len(self._users) > 4096:
+                self._users.clear()
+            name = self._users[uid] = self._user_name(uid)
+        return name
+
+    def _ask(self, job: JobCgroup) -> Answer | None:
         text = self._scontrol.show_job(job.job_id)
         if text is None:
             return None
-        answer = parse_scontrol_job(text, self._node)
+        if text == "":  # "Invalid job id": the job ended, its cgroup is left over
+            answer: Answer | None = Answer("", (), True)
+        else:
+            answer = parse_scontrol_job(text, self._node)
         if answer is None:
             self._scontrol.fail("scontrol_unparsable", f"unexpected output of scontrol show job {job.job_id}: "
-                                 f"{text.strip()[:120]!r}", "please report it with your Slurm version")
+                                f"{text.strip()[:120]!r}", "please report it with your Slurm version")
             return None
+        if not answer.on_node:
+            self._scontrol.fail("scontrol_node_unknown", f"job {job.job_id} has no part on node {self._node!r} "
+                                "in scontrol's answer", "set --collector.slurm.node-name to this node's Slurm "
+                                "NodeName (slurmd -C prints it)")
+            return None
+        if answer.mig:
+            self._scontrol.note("scontrol_mig_gres", f"job {job.job_id} holds MIG devices as GRES: their "
+                                "indices are not GPUs", "use the mapping directory for MIG jobs (docs/slurm.md)")
         self._cache[job.job_id] = answer
         return answer
 

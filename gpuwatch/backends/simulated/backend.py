@@ -196,7 +196,8 @@ class SimulatedBackend:
                                         int(1e6 * since), p["cpus"], 6, p["cpu_busy"] if since > 0 else None,
                                         p["iowait"] if since > 0 else None)
         return HostSample(slurm=tuple(allocations), jobs=tuple(jobs.values()),
-                          collected=(("slurm", 0.0, True), ("jobs", 0.0, True)))
+                          collected=(("slurm", 0.0, True), ("jobs", 0.0, True)),
+                          gpus=tuple(g.identity.uuid for g in gpus) if gpus else None)
 
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
         remaining = max(0.0, float(timeout_seconds))
