@@ -181,6 +181,8 @@ def test_pods_from_the_kubelet_label_whole_gpus_and_mig_devices(tmp_path, kubele
         g0, g1 = (dict(gpu=str(i), uuid=node.gpus[i].uuid) for i in range(2))
         d.wait_value("gpuwatch_gpu_pod_info", 1, namespace="ml", pod="train-0", container="main", **g1)
         d.wait_value("gpuwatch_gpu_pod_info", 1, namespace="serve", pod="infer-7", container="server", **g0)
+        assert d.value("gpuwatch_mig_pod_info", gpu_instance=str(mig.gpu_instance), namespace="serve", pod="infer-7",
+                       container="server", **g0) == 1
         assert d.value("gpuwatch_gpu_allocated", **g0) == 1 and d.value("gpuwatch_gpu_allocated", **g1) == 1
         assert len([k for k in d.metrics() if k[0] == "gpuwatch_gpu_pod_info"]) == 2  # the NIC is not a GPU
         assert d.value("gpuwatch_collector_success", group="kubernetes") == 1

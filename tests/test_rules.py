@@ -7,6 +7,7 @@ the Engine to pin down what hold and clear do with flashes and noise.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -597,3 +598,52 @@ def test_rules_are_configured_from_yaml_settings():
     assert configs["fan_stalled"].hold_seconds == 30 and configs["fan_stalled"]["stalled_rpm"] == 300
     win = window(snapshot(gpu(0, h200_fast(81.0))))
     assert RULES["overheating"].evaluate(win, uuid_of(0), configs["overheating"]).active
+
+
+# -- input_bound: a job's GPU waits for its input -------------------------------------------------
+def _fed(gpu_busy, cpu_busy, iowait=0.02, held=True, cpus=16.0):
+    """GPU 0 at ``gpu_busy`` utilization for the last minute (no GPM), allocated to Slurm job 42 whose
+    processes keep ``cpu_busy`` of its CPUs busy and spend ``iowait`` of their time waiting for I/O."""
+    from gpuwatch.groups import GpuHost, HostSample
+    from gpuwatch.groups.jobs import JobUsage
+    from gpuwatch.groups.slurm import JobAllocation
+
+    sample = h200_fast(utilization_ratio={"gpu": gpu_busy, "memory": 0.1}, sm_active_ratio=None)
+    allocation = (JobAllocation(uuid_of(0), "42", "alice", "scontrol"),) if held else ()
+    state = gpu(0, sample, host=GpuHost(allocation, None), host_monotonic=NOW)
+    jobs = (JobUsage("slurm", "42", (100.0, 10.0, 3.0), None, None, cpus, 9, cpu_busy, iowait),)
+    snap = dataclasses.replace(snapshot(state), host=HostSample(slurm=allocation, jobs=jobs), host_monotonic=NOW)
+    return window(snap, {0: [(ago, sample) for ago in range(2, 60, 2)]})
+
+
+def test_input_bound_fires_on_a_gpu_whose_job_saturates_its_cpus_or_waits_on_storage():
+    cpu = evaluate("input_bound", _fed(0.35, 0.97))
+    assert cpu.active and cpu.value == pytest.approx(0.35)
+    assert "slurm job 42's 9 processes keep 97% of its 16 CPUs busy (CPU-bound input pipeline)" in cpu.summary
+    io = evaluate("input_bound", _fed(0.3, 0.25, iowait=0.6))
+    assert io.active and "spend 60% of their time waiting for I/O (storage-bound input)" in io.summary
+
+
+@pytest.mark.parametrize("case, gpu_busy, cpu_busy, held", [
+    ("compute-bound: the GPU is busy", 0.95, 0.97, True),
+    ("idle: that is allocated_idle's", 0.01, 0.97, True),
+    ("the job's CPUs idle: nothing to feed faster", 0.35, 0.2, True),
+    ("nobody holds the GPU", 0.35, 0.97, False),
+])
+def test_input_bound_stays_silent_on_the_healthy_cases(case, gpu_busy, cpu_busy, held):
+    assert not evaluate("input_bound", _fed(gpu_busy, cpu_busy, held=held)).active, case
+
+
+def test_allocated_idle_holds_a_mig_instance_the_kubelet_gave_a_pod():
+    """On a MIG-enabled GPU (no parent utilization), a pod allocated instance 9 by the kubelet holds it
+    with no process and no memory in use: idle SM activity fires, naming the pod; instance 2 computes."""
+    from gpuwatch.groups import GpuHost
+    from gpuwatch.groups.kubernetes import PodAllocation
+    from gpuwatch.groups.mig import MigReading
+
+    sample = h200_fast(utilization_ratio={}, sm_active_ratio=None,
+                       mig=(MigReading(2, 40 * 2**30, 20 * 2**30, 0.6), MigReading(9, 10 * 2**30, 0, 0.0)))
+    pods = (PodAllocation(uuid_of(0), "ml", "notebook-3", "jupyter", 9),)
+    state = gpu(0, sample, host=GpuHost(None, pods), host_monotonic=NOW)
+    seen = evaluate("allocated_idle", window(snapshot(state), {0: [(ago, sample) for ago in range(2, 60, 2)]}))
+    assert seen.active and "MIG instance 9 held by pod ml/notebook-3, at most 0% SM active" in seen.summary

@@ -37,6 +37,8 @@ def render(emit: Emit, _: None, pods: tuple[PodAllocation, ...] | None) -> None:
         if key not in seen:  # several MIG devices of one GPU in one container: one series
             seen.add(key)
             emit("gpuwatch_gpu_pod_info", key, 1)
+        if p.gpu_instance is not None:
+            emit("gpuwatch_mig_pod_info", (str(p.gpu_instance),) + key, 1)
 
 
 GROUP = Group(
@@ -53,5 +55,8 @@ GROUP = Group(
         Spec("gpuwatch_gpu_pod_info", "gauge", G + ("namespace", "pod", "container"),
              "1 per container the kubelet allocated the GPU (or a MIG device of it) to, from the PodResources "
              "API (List); gone with the pod."),
+        Spec("gpuwatch_mig_pod_info", "gauge", G + ("gpu_instance", "namespace", "pod", "container"),
+             "1 per container the kubelet allocated a MIG device of the GPU to, by its GPU instance (the MIG "
+             "device's UUID mapped to its parent GPU); gone with the pod."),
     ),
 )

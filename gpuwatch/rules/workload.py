@@ -62,6 +62,10 @@ def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observ
         if w.gpu_instance is not None:  # as on a whole GPU, a process that cannot be attributed holds it too
             holder = f"{w.scheduler} {w.job_id}".strip() if w.scheduler != "unknown" else "a process"
             held.setdefault(w.gpu_instance, []).append(holder)
+    host = window.host(uuid)
+    for p in (host.kubernetes or ()) if host is not None else ():  # a pod the kubelet gave the instance to
+        if p.gpu_instance is not None:
+            held.setdefault(p.gpu_instance, []).append(f"pod {p.namespace}/{p.pod}")
     fast = window.fast(uuid)
     for r in fast.mig if fast is not None else ():  # memory in use holds an instance too, as on a whole GPU
         if r.gpu_instance not in held and (r.memory_used_bytes or 0) >= config["min_memory_bytes"]:
