@@ -19,6 +19,7 @@ from gpuwatch.clock import Clock, SystemClock
 from gpuwatch.config import Config
 from gpuwatch.errors import ConfigError
 from gpuwatch.exporter import build_exposition
+from gpuwatch.model import NodeInfo
 from gpuwatch.poller import Poller
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.engine import Engine, build_configs
@@ -80,6 +81,17 @@ def make_host_reader(config: Config, backend: Backend, clock: Clock) -> Callable
                       config.attribution_cgroup_root, config.attribution_mapping_dir, clock.monotonic)
 
 
+def node_info(config: Config) -> NodeInfo:
+    """The node's place and power budget; a simulated scenario brings its own budget."""
+    budget = config.node_power_budget_watts
+    if budget is None and config.backend == "simulated" and config.sim_scenario is not None:
+        from gpuwatch.backends.simulated import scenarios
+
+        scenario = scenarios().get(config.sim_scenario)
+        budget = None if scenario is None else scenario.node_power_budget_watts
+    return NodeInfo(config.node_rack, config.node_row, config.node_room, config.node_pdu, budget)
+
+
 class Agent:
     """Backend, store, poller, collector and HTTP servers, wired together."""
 
@@ -87,7 +99,7 @@ class Agent:
         self.config = config
         self.clock = clock or SystemClock()
         self.backend = backend or make_backend(config, self.clock)
-        self.store = Store(self.clock, self.backend.name)
+        self.store = Store(self.clock, self.backend.name, node_info(config))
         rules = all_rules()
         self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
                              config.rules_window, config.rules_expected_gpus,

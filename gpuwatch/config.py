@@ -58,6 +58,11 @@ class Config:
     attribution_proc_root: str = "/proc"
     attribution_mapping_dir: str | None = None  # dcgm-exporter style HPC job mapping directory
     attribution_cgroup_root: str = "/sys/fs/cgroup"  # the jobs' cgroups (slurm and jobs groups)
+    node_rack: str = ""  # where the node stands (gpuwatch_node_info), for sites without target labels
+    node_row: str = ""
+    node_room: str = ""
+    node_pdu: str = ""
+    node_power_budget_watts: float | None = None  # what the supplies deliver to the GPUs (node_power_budget)
     rules_expected_gpus: int = 0  # 0: the most GPUs seen since start
     rules_window: float = 300.0  # seconds of history the rules may look back
     rules: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # YAML `rules:` per-rule settings
@@ -295,6 +300,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir",
            _existing("attribution.hpc-job-mapping-dir", directory=True),
            "dcgm-exporter style directory of job ids per GPU index, written by a Slurm prolog (default: none)"),
+    Option("node.rack", "node_rack", _text("node.rack"), "the node's rack, for gpuwatch_node_info (default: none)"),
+    Option("node.row", "node_row", _text("node.row"), "the node's row of racks (default: none)"),
+    Option("node.room", "node_room", _text("node.room"), "the node's machine room or hall (default: none)"),
+    Option("node.pdu", "node_pdu", _text("node.pdu"), "the PDU (circuit) that feeds the node (default: none)"),
+    Option("node.power-budget-watts", "node_power_budget_watts", _float("node.power-budget-watts", "watts"),
+           "what the node's power supplies can deliver to its GPUs after redundancy, for node_power_budget "
+           "(default: none)"),
     Option("rules.expected-gpus", "rules_expected_gpus", _int("rules.expected-gpus", 0, 4096),
            "GPUs this node should have, for gpu_missing (default 0: the most seen since start)"),
     Option("rules.window", "rules_window", _float("rules.window"),

@@ -143,6 +143,19 @@ class TierState:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """Where the node stands in the facility (``--node.rack``, ``.row``, ``.room``, ``.pdu``: for sites
+    whose Prometheus targets carry no such labels) and what its supplies can deliver to the GPUs after
+    redundancy (``--node.power-budget-watts``; None: not declared)."""
+
+    rack: str = ""
+    row: str = ""
+    room: str = ""
+    pdu: str = ""
+    power_budget_watts: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """An immutable view of the whole node, handed to rules and the exporter."""
 
@@ -163,6 +176,7 @@ class NodeSnapshot:
     host: HostSample | None = None  # the last read of the host groups (gpuwatch/hostside/)
     host_monotonic: float | None = None
     host_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (group, error) -> count
+    node: NodeInfo = NodeInfo()
 
     def fresh_host(self, now: float, bound: float) -> HostSample | None:
         """The last host read, while it is fresh (the slow tier's staleness bound)."""

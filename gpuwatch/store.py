@@ -19,6 +19,7 @@ from gpuwatch.model import (
     FastSample,
     GpuState,
     HostSample,
+    NodeInfo,
     NodeSnapshot,
     ProcessInfo,
     SlowSample,
@@ -30,8 +31,9 @@ TIERS = ("fast", "slow")
 
 
 class Store:
-    def __init__(self, clock: Clock, backend: str) -> None:
+    def __init__(self, clock: Clock, backend: str, node: NodeInfo | None = None) -> None:
         self._clock = clock
+        self._node = node or NodeInfo()
         self._lock = threading.Lock()
         self._backend = backend
         self._backend_up = False
@@ -215,5 +217,6 @@ class Store:
                     host=self._host,
                     host_monotonic=self._host_monotonic,
                     host_errors=dict(self._host_errors),
+                    node=self._node,
                 )
             return self._snapshot

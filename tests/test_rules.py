@@ -133,7 +133,8 @@ def test_every_rule_is_documented_with_sane_defaults():
         assert rule.condition.endswith(".") and rule.condition.count(". ") == 0, rule.id
     assert RULES["power_capped"].severity == "info"
     assert {r.id for r in RULES.values() if r.scope == "node"} == {"backend_down", "collection_stalled",
-                                                                    "gpu_missing"}
+                                                                    "gpu_missing", "node_power_budget",
+                                                                    "node_power_over_budget"}
 
 
 def test_docs_list_every_rule_with_its_defaults():
@@ -647,3 +648,31 @@ def test_allocated_idle_holds_a_mig_instance_the_kubelet_gave_a_pod():
     state = gpu(0, sample, host=GpuHost(None, pods), host_monotonic=NOW)
     seen = evaluate("allocated_idle", window(snapshot(state), {0: [(ago, sample) for ago in range(2, 60, 2)]}))
     assert seen.active and "MIG instance 9 held by pod ml/notebook-3, at most 0% SM active" in seen.summary
+
+
+# -- node power budget ------------------------------------------------------------------------------
+def _powered(watts, budget, braked=()):
+    from gpuwatch.model import NodeInfo
+
+    states = []
+    for i, w in enumerate(watts):
+        events = dict(BUSY_EVENTS, hw_power_brake_slowdown=i in braked)
+        states.append(gpu(i, h200_fast(power_watts=w, clocks_event_active=events)))
+    return window(dataclasses.replace(snapshot(*states), node=NodeInfo(power_budget_watts=budget)))
+
+
+def test_node_power_budget_warns_near_the_budget_and_the_critical_one_takes_over_above_it():
+    near = _powered([650.0] * 8, 5600.0)  # 5,200 W: 93 %
+    assert evaluate("node_power_budget", near, None).active
+    assert not evaluate("node_power_over_budget", near, None).active
+    over = _powered([700.0] * 7 + [300.0], 5600.0, braked=(7,))  # 5,200 W... under: braked GPU 7 pulls down
+    assert evaluate("node_power_budget", over, None).active
+    over = _powered([700.0] * 8 + [400.0], 5600.0, braked=(2, 8))
+    seen = evaluate("node_power_over_budget", over, None)
+    assert seen.active and seen.value == pytest.approx(6000.0 / 5600.0)
+    assert seen.summary == ("the node's 9 GPUs draw 6,000 W of its 5,600 W power budget (107%); GPUs 2, 8 in "
+                            "power brake: the supplies cannot deliver (a failed PSU?)")
+    assert not evaluate("node_power_budget", over, None).active  # the critical one says it
+    calm = _powered([300.0] * 8, 5600.0)
+    assert not evaluate("node_power_budget", calm, None).active
+    assert evaluate("node_power_budget", _powered([650.0] * 8, None), None) is None  # no budget: no rule

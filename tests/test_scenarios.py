@@ -26,6 +26,7 @@ from daemon import wait_for
 from gpuwatch.backends.simulated import Fault, Scenario, SimulatedBackend, scenarios
 from gpuwatch.clock import FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.model import NodeInfo
 from gpuwatch.poller import Poller
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.engine import Engine, build_configs
@@ -85,7 +86,7 @@ class Run:
 def play(scenario: Scenario) -> Run:
     clock = FakeClock()
     backend = scenario.backend(clock)
-    store = Store(clock, backend.name)
+    store = Store(clock, backend.name, NodeInfo(power_budget_watts=scenario.node_power_budget_watts))
     poller = Poller(backend, store, clock, fast_interval=FAST, slow_interval=SLOW, host=backend.read_host)
     engine = Engine(all_rules(), CONFIGS, fast_staleness=STALENESS, host_staleness=3 * SLOW)
     fast, slow = _Tier(poller.poll_fast, backend), _Tier(poller.poll_slow, backend)

@@ -22,6 +22,12 @@ _SPECS = (
     Spec("gpuwatch_backend_up", "gauge", ("backend",),
          "1 when the backend is initialised and sees at least one GPU, else 0."),
     Spec("gpuwatch_gpus", "gauge", (), "GPUs visible in the last discovery (nvmlDeviceGetCount)."),
+    Spec("gpuwatch_node_info", "gauge", ("rack", "row", "room", "pdu"),
+         "Always 1: where the node stands, from gpuwatch's configuration (--node.rack, --node.row, --node.room, "
+         "--node.pdu; empty when not set), for sites whose Prometheus targets carry no such labels."),
+    Spec("gpuwatch_node_power_budget_watts", "gauge", (),
+         "What the node's supplies can deliver to its GPUs after redundancy (--node.power-budget-watts); "
+         "absent when not declared."),
     Spec("gpuwatch_gpu_info", "gauge",
          G + ("name", "pci_bus_id", "serial", "minor_number", "vbios_version", "architecture"),
          "Static GPU facts, value 1 (nvidia-smi -q 'Product Name', 'Bus Id', 'Serial Number', 'VBIOS Version')."),

@@ -313,6 +313,9 @@ class Renderer:
         add("gpuwatch_log_dropped_total", (), log_dropped)
         add("gpuwatch_backend_up", (snap.backend,), snap.backend_up)
         add("gpuwatch_gpus", (), snap.visible_gpus)
+        node = snap.node
+        add("gpuwatch_node_info", (node.rack, node.row, node.room, node.pdu), 1)
+        add("gpuwatch_node_power_budget_watts", (), node.power_budget_watts)
         if snap.driver is not None:
             d = snap.driver
             add("gpuwatch_driver_info", (d.driver_version, d.nvml_version, d.cuda_driver_version), 1)

@@ -1,4 +1,11 @@
-"""Node rules: the backend is down, collection has stalled, GPUs are missing.
+"""Node rules: the backend is down, collection has stalled, GPUs are missing, the GPUs draw near or
+over what the node's power supplies can deliver.
+
+``node_power_budget`` / ``node_power_over_budget`` compare the GPUs' power (the fresh samples'
+sum) with ``--node.power-budget-watts``: what the supplies deliver to the GPUs after redundancy. Near
+the budget (warning) the node has no headroom left for a failed supply; over it (critical) a supply
+is overloaded or already failed. A supply that cannot deliver shows on the GPUs as power brake
+(HW_POWER_BRAKE_SLOWDOWN, asserted by the board): the summary names the GPUs in it.
 
 The engine also runs on a timer (``Engine.evaluate(snapshot, now, wall)``), so collection_stalled
 fires while a poll hangs in NVML and no new snapshot arrives.
@@ -52,6 +59,52 @@ def _gpu_missing(window: Window, config: RuleConfig) -> Observation | None:
     return Observation(latest.visible_gpus < expected, float(latest.visible_gpus), float(expected), summary)
 
 
+def _node_power(window: Window) -> tuple[float, int, list[str]]:
+    """(watts the GPUs draw, GPUs counted, the indices of those in power brake): once per Window."""
+    total, counted, braked = 0.0, 0, []
+    for uuid, sample in window.fresh():
+        if sample.power.power_watts is not None:
+            total += sample.power.power_watts
+            counted += 1
+        if sample.clocks.clocks_event_active.get("hw_power_brake_slowdown"):
+            state = window.gpu(uuid)
+            braked.append(str(state.identity.index) if state is not None else uuid)
+    return total, counted, braked
+
+
+def _budget(window: Window, over: bool, config: RuleConfig) -> Observation | None:
+    budget = window.latest.node.power_budget_watts
+    if budget is None or not window.latest.backend_up:
+        return None
+    total, counted, braked = window.memo(("node_power",), _node_power)
+    if not counted:
+        return None
+    share = total / budget
+    if over:
+        active = share > config["over_ratio"]
+        threshold = config["over_ratio"]
+    else:  # near the budget, not over it: that is node_power_over_budget's
+        active = config["warn_ratio"] <= share <= config["over_ratio"]
+        threshold = config["warn_ratio"]
+
+    def summary() -> str:
+        text = f"the node's {counted} GPUs draw {total:,.0f} W of its {budget:,.0f} W power budget ({share:.0%})"
+        if braked:
+            text += (f"; GPU{'s' if len(braked) > 1 else ''} {', '.join(braked)} in power brake: the supplies "
+                     "cannot deliver (a failed PSU?)")
+        return text
+
+    return Observation(active, share, threshold, summary)
+
+
+def _node_power_budget(window: Window, config: RuleConfig) -> Observation | None:
+    return _budget(window, False, config)
+
+
+def _node_power_over_budget(window: Window, config: RuleConfig) -> Observation | None:
+    return _budget(window, True, config)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         id="backend_down",
@@ -83,5 +136,28 @@ RULES: tuple[Rule, ...] = (
         condition="The last discovery found fewer GPUs than expected (rules.expected_gpus, else the "
                   "most seen since start).",
         evaluate=_gpu_missing,
+    ),
+    Rule(
+        id="node_power_budget",
+        scope="node",
+        severity="warning",
+        hold_seconds=300.0,
+        clear_seconds=120.0,
+        condition="The GPUs' power (sum of the fresh samples) is at least warn_ratio of --node.power-budget-watts "
+                  "(what the supplies deliver after redundancy) and not over over_ratio (that is "
+                  "node_power_over_budget); held for 5 minutes; only where a budget is declared.",
+        evaluate=_node_power_budget,
+        params={"warn_ratio": 0.9, "over_ratio": 1.0},
+    ),
+    Rule(
+        id="node_power_over_budget",
+        scope="node",
+        severity="critical",
+        hold_seconds=30.0,
+        clear_seconds=120.0,
+        condition="The GPUs' power is over over_ratio of --node.power-budget-watts, held for 30 s (the summary "
+                  "names the GPUs in power brake: a supply that cannot deliver); only where a budget is declared.",
+        evaluate=_node_power_over_budget,
+        params={"over_ratio": 1.0},
     ),
 )

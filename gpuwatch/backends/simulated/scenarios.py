@@ -40,6 +40,7 @@ class Scenario:
     end_seconds: float | None = None
     recovery_seconds: float = 0.0
     seed: int = 0
+    node_power_budget_watts: float | None = None  # --node.power-budget-watts while it plays
 
     def backend(self, clock: Clock) -> SimulatedBackend:
         """A fresh simulated node playing this scenario."""
@@ -94,12 +95,12 @@ def scenarios() -> dict[str, Scenario]:
     """Every scenario by name: one per anomaly rule (named after it) and a healthy one per profile."""
     def one(rule: str, description: str, profile: str, faults: Sequence[Fault], *, gpu: int | None,
             latency: float, end: float | None, recovery: float = 0.0, onset: float = 120.0,
-            gpu_count: int = 4, duration: float | None = None) -> Scenario:
+            gpu_count: int = 4, duration: float | None = None, budget: float | None = None) -> Scenario:
         if duration is None:
             duration = (end or onset) + recovery + 240.0
         name, rule = rule, rule.split("-")[0]  # "<rule>-<variant>": a second case of one rule
         return Scenario(name, description, profile, gpu_count, tuple(faults), duration, rule, gpu,
-                        onset, latency, end, recovery)
+                        onset, latency, end, recovery, node_power_budget_watts=budget)
 
     cases = [
         _healthy("rtx6000", 4),
@@ -261,6 +262,17 @@ def scenarios() -> dict[str, Scenario]:
             "h200", [Fault("input_starved", 0, 120, 720,
                            params={"job_id": 4301, "utilization": 0.3, "cpu_busy": 0.25, "iowait": 0.6})],
             gpu=0, latency=60, end=720, recovery=30, duration=900.0),
+        one("node_power_budget",
+            "An H200 node whose supplies deliver 3,000 W to its 4 GPUs after redundancy (their normal jobs draw "
+            "1,350-2,500 W): from 2 to 12 min all four burn at their 700 W limit, 2,800 W, 93 % of the budget — "
+            "no headroom left if a supply fails.",
+            "h200", [_burn(i, 120, 720) for i in range(4)],
+            gpu=None, latency=10, end=720, recovery=10, budget=3000.0),
+        one("node_power_over_budget",
+            "The same node with a 2,600 W budget: from 2 to 8 min all four GPUs burn at their 700 W limit, "
+            "2,800 W, 108 % of what the supplies deliver (their normal jobs reach 96 % of it, briefly).",
+            "h200", [_burn(i, 120, 480) for i in range(4)],
+            gpu=None, latency=10, end=480, recovery=10, budget=2600.0),
         one("backend_down",
             "The driver of a 2-GPU H200 node is unloaded from 2 to 4 min: NVML cannot be used; the "
             "poller retries with capped exponential backoff and recovers by itself.",
