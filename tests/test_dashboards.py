@@ -53,6 +53,10 @@ RECORDING_RULES = ROOT / "deploy" / "prometheus" / "recording.rules.yml"
 # the series the shipped recording rules record: dashboards may read them (the Fleet's aggregates do)
 RECORDED = {rule["record"] for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]
             for rule in group["rules"]}
+RECORDED_LABELS: dict[str, set[str]] = {}
+for _group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]:
+    for _rule in _group["rules"]:
+        RECORDED_LABELS.setdefault(_rule["record"], set()).update(_rule.get("labels") or {})
 PANEL_TYPES = {"timeseries", "stat", "gauge", "bargauge", "table", "state-timeline", "row"}
 
 VARIABLES = {
@@ -286,6 +290,10 @@ def test_panels(uid):
 def _known_labels(metric: str) -> set[str]:
     if metric in CATALOGUE:
         return set(CATALOGUE[metric].labels) | {"job", "instance"}
+    if metric in RECORDED:  # its rules' static labels, the labels its level keeps (job_rule: rule), topology
+        level = metric.split(":")[0]
+        kept = set(level.split("_")[1:]) | ({"severity"} if level.endswith("_rule") else set())
+        return {"job", "instance", "rack", "row", "room", "pdu"} | RECORDED_LABELS.get(metric, set()) | kept
     return {"job", "instance"}
 
 
