@@ -45,7 +45,19 @@ def make_backend(config: Config, clock: Clock) -> Backend:
                 logs.get_logger(component="main").warning(
                     "demo_tour_disabled", reason="the fault tour needs at least 3 GPUs",
                     hint="use --sim.gpus 3 or more")
-        return SimulatedBackend(clock, gpu_count=config.sim_gpus, profile=config.sim_profile, faults=faults)
+        from gpuwatch.backends.simulated.faults import parse_fault_spec
+
+        extra = []
+        for spec in config.sim_fault:
+            try:
+                extra.extend(parse_fault_spec(spec, config.sim_gpus))
+            except ValueError as exc:
+                raise ConfigError(f"sim.fault: {spec!r}: {exc}") from None
+        try:
+            return SimulatedBackend(clock, gpu_count=config.sim_gpus, profile=config.sim_profile,
+                                    faults=[*(faults or ()), *extra])
+        except ValueError as exc:  # a fault on a GPU the node does not have, or that the profile cannot show
+            raise ConfigError(f"sim.fault: {exc}") from None
     if config.backend == "replay":
         from gpuwatch.backends.replay import ReplayBackend
         from gpuwatch.trace import read_trace

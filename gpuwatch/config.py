@@ -47,6 +47,7 @@ class Config:
     sim_gpus: int = 8
     sim_profile: str = "rtx6000"
     sim_faults: bool = False  # run the scripted fault tour (always on for `gpuwatch demo`)
+    sim_fault: tuple[str, ...] = ()  # --sim.fault KIND[@GPU][:param=value,...], from start, forever
     sim_scenario: str | None = None  # a named scenario instead of the tour (`gpuwatch demo --list`)
     replay_file: str | None = None  # trace written by `gpuwatch record` (backend replay)
     replay_speed: float = 1.0  # trace seconds per real second
@@ -231,6 +232,20 @@ def _text(key: str) -> Callable[[Any], str]:
     return parse
 
 
+def _sim_faults(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ConfigError("sim.fault: expected KIND[@GPU][:param=value,...], e.g. load:utilization=0.9")
+    from gpuwatch.backends.simulated.faults import parse_fault_spec
+
+    for item in items:
+        try:
+            parse_fault_spec(item, 64)
+        except ValueError as exc:
+            raise ConfigError(f"sim.fault: {item!r}: {exc}") from None
+    return tuple(items)
+
+
 def _path(value: Any) -> str:
     text = str(value)
     if not text.startswith("/") or text in ("/", "/healthz", "/api/v1/status") or any(c.isspace() for c in text):
@@ -284,6 +299,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("sim.profile", "sim_profile", _choice("sim.profile", SIM_PROFILES),
            "simulated backend: rtx6000 (fans), h200 or t4 (fanless) (default rtx6000)"),
     Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
+    Option("sim.fault", "sim_fault", _sim_faults,
+           "simulated backend: a fault from the start, KIND[@GPU][:param=value,...], e.g. load:utilization=0.9 "
+           "(every GPU), inlet_warm@3:celsius=10; repeatable (kinds: gpuwatch demo --list)", repeatable=True),
     Option("sim.scenario", "sim_scenario", str,
            "simulated backend: play a named scenario, one per anomaly rule (list them: gpuwatch demo --list)"),
     Option("replay.file", "replay_file",

@@ -17,6 +17,7 @@ class Conditions:
     memory_fraction: float  # of the usable frame buffer the running job wants
     memory_intensity: float  # memory-engine utilization per unit of GPU utilization
     resistance_factor: float = 1.0
+    inlet_offset_celsius: float = 0.0  # the air reaching the GPU is this much warmer than the room's
     fan_stalled: bool = False
     power_brake: bool = False
     hw_slowdown: bool = False  # HW slowdown that is neither thermal nor a power brake
@@ -172,6 +173,10 @@ def _allocated_unused(_fault: Fault, c: Conditions, _since: float) -> None:
     c.memory_intensity = 0.0
 
 
+def _inlet_warm(fault: Fault, c: Conditions, _since: float) -> None:
+    c.inlet_offset_celsius += fault.params["celsius"]
+
+
 def _fan_stall(_fault: Fault, c: Conditions, _since: float) -> None:
     c.fan_stalled = True
 
@@ -305,6 +310,12 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "waiting on I/O or a lock): utilization 0 with the frame buffer in use.",
         params={"memory_fraction": 0.3},
         during=_idle_allocation,
+    ),
+    "inlet_warm": FaultKind(
+        "The air reaching the GPU is `celsius` warmer than the room's: a rack's failed cooler or hot-air "
+        "recirculation (on every GPU of a rack), a node's failed chassis fans (on every GPU of a node).",
+        params={"celsius": 10.0},
+        during=_inlet_warm,
     ),
     "job": FaultKind(
         "A Slurm job holds the GPU (scontrol's GRES) while active; its processes keep cpu_busy of its cpus "
@@ -548,4 +559,26 @@ def demo_tour(
         *interconnect,
     ]
 
+
+def parse_fault_spec(spec: str, gpu_count: int) -> list[Fault]:
+    """``KIND[@GPU][:param=value,...]`` (--sim.fault): the fault from the start, forever, on GPU
+    ``GPU`` or, without it, on every GPU. ValueError says what is wrong."""
+    head, _, params_text = spec.strip().partition(":")
+    kind, _, gpu_text = head.partition("@")
+    params: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in params_text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"parameter {item!r} is not name=value")
+        try:
+            params[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"parameter {name.strip()}: {value!r} is not a number") from None
+    if gpu_text:
+        if not gpu_text.isdigit():
+            raise ValueError(f"GPU {gpu_text!r} is not an index")
+        gpus = [int(gpu_text)]
+    else:
+        gpus = list(range(gpu_count))
+    return [Fault(kind, gpu, 0.0, None, params=params) for gpu in gpus]
 

@@ -216,7 +216,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
         tau = 1.0 if c.fan_stalled else p.fan_time_constant_seconds
         g.fan_speed += (goal - g.fan_speed) * (1.0 - math.exp(-dt / tau))
         resistance -= (p.resistance_fans_stopped - p.resistance_fans_full) * g.fan_speed
-    steady = g.ambient + power * resistance * c.resistance_factor
+    steady = g.ambient + c.inlet_offset_celsius + power * resistance * c.resistance_factor
     g.temperature += (steady - temp) * (1.0 - math.exp(-dt / p.thermal_time_constant_seconds))
 
     # memory: allocations ramp up over ~10 s, frees are immediate

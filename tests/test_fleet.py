@@ -1,0 +1,119 @@
+"""A small fleet for real: one Prometheus scraping 16 targets served by five gpuwatch processes over the
+fake library (bench/fleet.py's Fleet), with the shipped recording rules, fleet alerts and a budgets
+file. Each facility fault fires exactly its own alert; every dashboard query answers; the panels that
+say they read a recording rule do.
+
+The alerts' ``for:`` is set to 0 in a copy of the rules (promtool's cases in alerts/tests/ check the
+hold times); everything else is the shipped text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from daemon import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_fleet", ROOT / "bench" / "fleet.py")
+fleet_bench = importlib.util.module_from_spec(_spec)
+sys.modules["bench_fleet"] = fleet_bench  # its dataclasses look their module up
+_spec.loader.exec_module(fleet_bench)  # type: ignore[union-attr]
+
+RACKS = {"r1": "hall-1", "r2": "hall-1", "r3": "hall-1", "r4": "hall-2"}
+
+
+def _process(rack: str, node: int) -> str:
+    """Which gpuwatch process serves a target: its faults."""
+    if rack == "r2":
+        return "inlet"  # the rack's inlet 10 °C warm
+    if (rack, node) == ("r1", 2):
+        return "fans"  # the node's chassis fans failed
+    if (rack, node) == ("r3", 1):
+        return "onegpu"  # one GPU's cooling failed
+    if RACKS[rack] == "hall-2":
+        return "room"  # the room's cooling: every GPU in thermal slowdown
+    return "normal"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    if shutil.which("prometheus") is None:
+        pytest.fail("prometheus is missing: scripts/test installs it (Debian package prometheus)")
+    work = tmp_path_factory.mktemp("fleet")
+    f = fleet_bench.Fleet(work, interval="2s")
+    try:
+        f.node("normal", gpus=2)
+        f.node("inlet", gpus=2, margin=15)
+        f.node("fans", gpus=2, margin=11)
+        f.node("onegpu", gpus=2, hot_gpu=1)
+        f.node("room", gpus=2, throttled=True)
+        rules = []
+        for path in fleet_bench.RULE_FILES[:2]:
+            text = re.sub(r"^(\s+)for: \S+$", r"\1for: 0s", path.read_text(), flags=re.MULTILINE)
+            copy = work / path.name
+            copy.write_text(text)
+            rules.append(copy)
+        budgets = work / "budgets.rules.yml"  # r1: 8 GPUs x 600 W of 5,000 W (96 %); pdu-r3 likewise; r2 at 48 %
+        budgets.write_text(yaml.safe_dump({"groups": [{"name": "budgets", "rules": [
+            {"record": "rack:gpuwatch_power_budget_watts:declared", "expr": "vector(5000)", "labels": {"rack": "r1"}},
+            {"record": "rack:gpuwatch_power_budget_watts:declared", "expr": "vector(10000)", "labels": {"rack": "r2"}},
+            {"record": "pdu:gpuwatch_power_budget_watts:declared", "expr": "vector(5000)", "labels": {"pdu": "pdu-r3"}},
+        ]}]}))
+        targets = [(f"{rack}-n{n}:19400", _process(rack, n), {"rack": rack, "row": "a", "room": room, "pdu": f"pdu-{rack}"})
+                   for rack, room in RACKS.items() for n in range(1, 5)]
+        f.start_prometheus(targets, [*rules, budgets])
+        wait_for(lambda: len(f.result('up{job="gpuwatch"} == 1')) == 16, 60, "every target up")
+        yield f
+    finally:
+        f.stop()
+
+
+LEVEL = {"GpuwatchNodeCooling": "instance", "GpuwatchRackCooling": "rack", "GpuwatchRoomCooling": "room",
+         "GpuwatchRackPowerBudget": "rack", "GpuwatchPduPowerBudget": "pdu"}
+
+
+def firing(f) -> set[tuple[str, str]]:
+    """(alert, the node/rack/room/PDU it names) of the facility alerts firing now."""
+    return {(s["metric"]["alertname"], s["metric"][LEVEL[s["metric"]["alertname"]]])
+            for s in f.result('ALERTS{alertstate="firing"}') if s["metric"]["alertname"] in LEVEL}
+
+
+def test_each_facility_fault_fires_exactly_its_own_alert(fleet):
+    """A rack's warm inlet, a node's failed fans, a room's failed cooling, a rack and a PDU near their
+    budgets: one alert each, on the right rack, node, room, PDU; one GPU's failed cooling fires none of them
+    (it is gpuwatch's thermal_outlier, on its node)."""
+    expected = {("GpuwatchRackCooling", "r2"), ("GpuwatchNodeCooling", "r1-n2:19400"),
+                ("GpuwatchRoomCooling", "hall-2"), ("GpuwatchRackPowerBudget", "r1"),
+                ("GpuwatchPduPowerBudget", "pdu-r3")}
+    wait_for(lambda: firing(fleet) >= expected, 90, "the facility alerts to fire")
+    assert firing(fleet) == expected
+
+
+def test_every_dashboard_query_answers_and_reads_the_recorded_series_it_names(fleet):
+    queries = fleet_bench.dashboard_queries("r1-n1:19400")
+    assert len(queries) > 80
+    for q in queries:
+        document = fleet.query(q["expr"])
+        assert document["status"] == "success", (q["uid"], q["title"], q["ref"], document.get("error"))
+    # a panel whose description names a recording rule reads one
+    for path in fleet_bench.DASHBOARDS:
+        dashboard = json.loads(path.read_text())
+        for panel in fleet_bench.panels(dashboard):
+            named = re.findall(r"\b[a-z_]+:gpuwatch_[a-z0-9_]+:[a-z0-9_]+", panel.get("description", ""))
+            if named:
+                exprs = " ".join(t["expr"] for t in panel["targets"])
+                assert any(name in exprs for name in named), (dashboard["uid"], panel["title"], named)
+
+
+def test_rule_groups_keep_their_interval_and_the_bench_reports_them(fleet):
+    groups = {g["group"]: g for g in fleet_bench.rule_groups(fleet)}
+    assert {"gpuwatch-recording", "gpuwatch-facility", "gpuwatch-expectations", "gpuwatch-fleet", "budgets"} <= set(groups)
+    for g in groups.values():
+        assert g["share_of_interval"] < 0.5, g  # 16 targets: far below; docs/performance.md has 500
