@@ -29,3 +29,32 @@ def test_a_budget_that_is_not_a_positive_number_is_a_configuration_error(tmp_pat
                             env=fake_env(fx), capture_output=True, text=True, timeout=60)
     assert result.returncode == 78
     assert "node.power-budget-watts: must be a positive number of watts" in result.stderr
+
+
+def test_sim_fault_specs_run_faults_from_the_start_on_one_gpu_or_all():
+    """--sim.fault (fleet runs): inlet_warm@1 heats GPU 1 by about its 10 °C at the same power; a spec
+    that is not KIND[@GPU][:param=value] or names an unknown kind is a configuration error."""
+    import pytest
+
+    from gpuwatch import config as configuration
+    from gpuwatch.agent import make_backend
+    from gpuwatch.backends.simulated.faults import parse_fault_spec
+    from gpuwatch.clock import FakeClock
+    from gpuwatch.errors import ConfigError
+
+    faults = parse_fault_spec("load:utilization=0.9", 2) + parse_fault_spec("inlet_warm@1:celsius=10", 2)
+    assert [(f.kind, f.gpu, f.params.get("celsius")) for f in faults] == [
+        ("load", 0, None), ("load", 1, None), ("inlet_warm", 1, 10.0)]
+    clock = FakeClock()
+    backend = make_backend(configuration.load(overrides={"backend": "simulated", "sim_profile": "h200", "sim_gpus": 2,
+                                                         "sim_fault": ["load:utilization=0.9", "inlet_warm@1"]}), clock)
+    backend.open()
+    uuids = [g.identity.uuid for g in backend.discover()]
+    clock.advance(600)
+    cool, warm = (backend.read_fast(u) for u in uuids)
+    assert abs(cool.power.power_watts - warm.power.power_watts) < 30
+    assert 7 <= warm.thermal.temperature_celsius - cool.thermal.temperature_celsius <= 13
+    for bad, says in (("inlet warm", "is not KIND"), ("nope@1", "unknown fault kind"), ("load@7", "has 2 GPUs")):
+        with pytest.raises(ConfigError, match=says):
+            make_backend(configuration.load(overrides={"backend": "simulated", "sim_gpus": 2, "sim_fault": [bad]}),
+                         FakeClock())
