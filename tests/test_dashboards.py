@@ -53,6 +53,7 @@ RECORDING_RULES = ROOT / "deploy" / "prometheus" / "recording.rules.yml"
 # the series the shipped recording rules record: dashboards may read them (the Fleet's aggregates do)
 RECORDED = {rule["record"] for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]
             for rule in group["rules"]}
+WORKLOAD_RECORDED = {name for name in RECORDED if name.startswith("workload:")}  # per (instance, workload)
 FLEET_LEVELS = {"job", "job_rule", "job_reason", "rack", "room", "pdu"}  # recorded without an instance
 RECORDED_LABELS: dict[str, set[str]] = {}
 for _group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]:
@@ -297,6 +298,8 @@ def _known_labels(metric: str) -> set[str]:
     if metric in RECORDED:  # its rules' static labels, the labels its level keeps (job_rule: rule), topology
         level = metric.split(":")[0]
         kept = set(level.split("_")[1:]) | ({"severity"} if level.endswith("_rule") else set())
+        if level == "workload":
+            kept |= {"scheduler", "job_id", "user"}
         return {"job", "instance", "rack", "row", "room", "pdu"} | RECORDED_LABELS.get(metric, set()) | kept
     return {"job", "instance"}
 
@@ -314,9 +317,9 @@ def test_queries_follow_the_lint_rules(uid):
             selectors, ranges = scan(t["expr"])
             assert selectors, where
             if uid == "gpuwatch-jobs":  # every panel shows the selected users' and jobs' workloads only
-                assert any(s.metric == "gpuwatch_gpu_job_info" and 'user=~"$user"' in s.matchers
+                assert any(s.metric in ("gpuwatch_gpu_job_info", *WORKLOAD_RECORDED) and 'user=~"$user"' in s.matchers
                            and 'job_id=~"$job_id"' in s.matchers for s in selectors), \
-                    f"{where}: no gpuwatch_gpu_job_info{{user=~\"$user\", job_id=~\"$job_id\"}}"
+                    f"{where}: no gpuwatch_gpu_job_info{{user=~\"$user\", job_id=~\"$job_id\"}} or workload: series"
             if any(s.metric in CATALOGUE and "gpu" in CATALOGUE[s.metric].labels for s in selectors):
                 per_gpu_panels += 1
             for s in selectors:
@@ -398,8 +401,14 @@ def test_dashboards_cover_the_brief():
         assert "[$__range:$__interval]" in exprs(jobs[title]), title
         assert all(t["instant"] for t in jobs[title]["targets"]), title
         assert "Approximation" in jobs[title]["description"] or title.startswith("Energy"), title
-    assert "rate(gpuwatch_energy_joules_total" in exprs(jobs["Power per job"])
-    assert 'engine="gpu"' in exprs(jobs["GPU utilization per job"])
+    # the per-job time series read per-workload recordings (a day of every GPU's series joined with
+    # gpuwatch_gpu_job_info would touch billions of samples at 10,000 nodes: bench/fleet.py)
+    for title, record in (("Power per job", "workload:gpuwatch_power_watts:sum"),
+                          ("Power drawn by jobs", "workload:gpuwatch_power_watts:sum"),
+                          ("GPU utilization per job", "workload:gpuwatch_utilization_ratio:avg"),
+                          ("SM activity per job", "workload:gpuwatch_sm_active_ratio:avg"),
+                          ("GPU busy against CPU saturation and I/O wait per job", "workload:gpuwatch_gpu_busy_ratio:avg")):
+        assert record in exprs(jobs[title]), title
     for title in ("Running jobs", "Idle allocated GPUs"):
         assert jobs[title]["type"] == "table" and "group_left(name) gpuwatch_gpu_info" in exprs(jobs[title])
 
