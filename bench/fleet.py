@@ -13,9 +13,9 @@ deploy/prometheus/recording.rules.yml and budgets.rules.yml. After ``--settle`` 
 - every panel query of every dashboard in deploy/grafana (variables as Grafana sends them for "All";
   the Node dashboard for one node), instant and as a range query over the data there is: wall time
   p50 and max of ``--repeat`` runs, and the samples it touched (Prometheus' query stats,
-  ``stats=all``: totalQueryableSamples). Range samples are also given per hour of range and node,
-  and scaled to the dashboard's default range at 1,000 and 10,000 nodes, against Prometheus'
-  50M ``--query.max-samples``;
+  ``stats=all``: totalQueryableSamples), scaled to 1,000 and 10,000 nodes over the dashboard's
+  default range at Grafana's step (the range over ~1,000 points, at least 15 s), against
+  Prometheus' 50M ``--query.max-samples``;
 - each rule group's last evaluation time against its interval (/api/v1/rules);
 - head series (/api/v1/status/tsdb) and Prometheus' RSS.
 
@@ -84,10 +84,11 @@ class Fleet:
     base: str = ""
 
     def node(self, name: str, gpus: int = 8, margin: float = 25.0, watts: float = 600.0,
-             hot_gpu: int | None = None, throttled: bool = False) -> Node:
+             hot_gpu: int | None = None, throttled: bool = False, jobs: int = 0) -> Node:
         """A gpuwatch process over an H200 x ``gpus`` fake node: every GPU at ``watts`` of 700 W and
         ``margin`` °C of T.Limit margin (headroom to slowdown = margin + 2 on an H200), GPU ``hot_gpu``
-        at 3 °C; ``throttled``: every GPU in SW thermal slowdown."""
+        at 3 °C; ``throttled``: every GPU in SW thermal slowdown; ``jobs``: that many Slurm jobs hold
+        the GPUs, round robin (a prolog's mapping directory: gpuwatch_gpu_job_info of each)."""
         work = self.workdir / name
         node = fakenvml.FakeNode.h200(gpus)
         for i, gpu in enumerate(node.gpus):
@@ -97,10 +98,18 @@ class Fleet:
             if throttled:
                 gpu.clocks_event_reasons = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
         fx = fakenvml.prepare(work, node, counts=False)
+        extra = []
+        if jobs:
+            mapping = work / "jobs"
+            mapping.mkdir()
+            for i in range(gpus):
+                (mapping / str(i)).write_text(f"{7000 + i % jobs}\n")
+            extra = ["--attribution.hpc-job-mapping-dir", str(mapping)]
         log = open(work / "gpuwatch.log", "w")
-        process = subprocess.Popen([sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0",
-                                    "--log.format", "json", "--log.level", "info"], env=fake_env(fx), stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        argv = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0", "--log.format", "json",
+                "--log.level", "info", *extra]
+        process = subprocess.Popen(argv, env=fake_env(fx), stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
 
         def listening() -> str | None:
             if process.poll() is not None:
@@ -239,8 +248,9 @@ def measure_queries(fleet: Fleet, nodes: int, repeat: int, data_seconds: float) 
             "recorded": reads_recorded(q["raw"]), "instant_p50_ms": statistics.median(walls) * 1e3,
             "instant_max_ms": max(walls) * 1e3, "instant_samples": samples, "error": error}
         # What the query would touch on a fleet of N nodes over the dashboard's default range: samples
-        # grow with the nodes and, for a range query or an instant one over [$__range], with the data
-        # it covers (here only data_seconds of it, so scaled by range / data_seconds).
+        # grow with the nodes and, for a range query, with its steps (Grafana's: the range over the
+        # panel's ~1,000 data points, at least the 15 s scrape interval), for an instant one over
+        # [$__range] with the data it covers (here only data_seconds of it).
         range_seconds = q["hours"] * 3600
         if not q["instant"]:
             step = max(15.0, data_seconds / 250)
@@ -250,7 +260,9 @@ def measure_queries(fleet: Fleet, nodes: int, repeat: int, data_seconds: float) 
             range_samples = int(doc["data"].get("stats", {}).get("samples", {}).get("totalQueryableSamples", 0)) \
                 if doc.get("status") == "success" else 0
             entry["range_samples"] = range_samples
-            per_node = range_samples / nodes * range_seconds / data_seconds
+            measured_steps = data_seconds / step + 1
+            grafana_steps = range_seconds / max(15.0, range_seconds / 1000) + 1
+            per_node = range_samples / nodes * grafana_steps / measured_steps
         elif "$__range" in q["raw"]:
             entry["range_samples"] = None
             per_node = samples / nodes * range_seconds / min(data_seconds, range_seconds)
@@ -297,13 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=5, help="gpuwatch processes serving the targets")
     ap.add_argument("--settle", type=float, default=300.0, help="seconds of data before measuring")
     ap.add_argument("--repeat", type=int, default=5, help="runs of each instant query")
+    ap.add_argument("--jobs-per-node", type=int, default=1,
+                    help="Slurm jobs holding each node's 8 GPUs (1: one 8-GPU job a node; 8: one a GPU)")
     ap.add_argument("--out", default=str(OUT / "fleet.json"))
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="gw-fleet-"))
     fleet = Fleet(work)
     started = time.time()
     try:
-        names = [fleet.node(f"p{i}", margin=25 + (i % 3)).name for i in range(args.processes)]
+        names = [fleet.node(f"p{i}", margin=25 + (i % 3), jobs=args.jobs_per_node).name for i in range(args.processes)]
         targets = [(instance, names[i % len(names)], labels) for i, (instance, labels) in
                    enumerate(layout(args.targets))]
         fleet.start_prometheus(targets, list(RULE_FILES))
@@ -315,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         groups = rule_groups(fleet, looks=7)
         tsdb = _get(fleet.base + "/api/v1/status/tsdb")["data"]["headStats"]
         result = {"targets": args.targets, "gpus": args.targets * 8, "processes": args.processes,
+                  "jobs_per_node": args.jobs_per_node,
                   "data_seconds": data_seconds, "head_series": tsdb["numSeries"],
                   "prometheus_rss_mb": rss_mb(fleet.prometheus.pid) if fleet.prometheus else None,
                   "rule_groups": groups, "queries": queries, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
