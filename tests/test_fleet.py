@@ -114,6 +114,7 @@ def test_every_dashboard_query_answers_and_reads_the_recorded_series_it_names(fl
 
 def test_rule_groups_keep_their_interval_and_the_bench_reports_them(fleet):
     groups = {g["group"]: g for g in fleet_bench.rule_groups(fleet)}
-    assert {"gpuwatch-recording", "gpuwatch-facility", "gpuwatch-expectations", "gpuwatch-fleet", "budgets"} <= set(groups)
+    assert {"gpuwatch-recording", "gpuwatch-rates", "gpuwatch-workloads", "gpuwatch-facility", "gpuwatch-expectations",
+            "gpuwatch-fleet", "budgets"} <= set(groups)
     for g in groups.values():
         assert g["share_of_interval"] < 0.5, g  # 16 targets: far below; docs/performance.md has 500
