@@ -16,6 +16,7 @@ dcgm-exporter's HPC job-mapping directory among them.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import re
@@ -25,13 +26,17 @@ from pathlib import Path
 from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo
 
 _SLURM_JOB = re.compile(r"/job_(\d+)(?=/|$)")
-_UUID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-_K8S_POD = re.compile(rf"kubepods.*?pod({_UUID})")
+# a pod UID in a cgroup path: dashes (cgroupfs driver) or underscores (systemd driver)
+POD_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+_K8S_POD = re.compile(rf"kubepods.*?pod({POD_UID})")
 _CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|containerd)-([0-9a-f]{64})\.scope|/([0-9a-f]{64})(?=/|$)")
 _UNIT = re.compile(r"/([^/]+\.(?:service|scope))(?=/|$)")
 
 
-def _user_name(uid: int) -> str:
+@functools.lru_cache(maxsize=4096)
+def user_name(uid: int) -> str:
+    """The user name of ``uid``, else the number; kept (a passwd lookup may go to LDAP or SSSD, for
+    every process and job at every slow poll otherwise)."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -62,7 +67,7 @@ class Attributor:
     """Maps NVML process lists to ProcessInfo. Reads ``proc_root`` (injected in tests), nothing else."""
 
     def __init__(self, proc_root: str | os.PathLike[str] = "/proc",
-                 user_name: Callable[[int], str] = _user_name) -> None:
+                 user_name: Callable[[int], str] = user_name) -> None:
         self._proc = Path(proc_root)
         self._user_name = user_name
 

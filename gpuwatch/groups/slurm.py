@@ -22,8 +22,6 @@ from typing import Any
 
 from gpuwatch.groups.base import Emit, Group
 
-SOURCES = ("devices", "scontrol", "mapping")
-
 
 @dataclass(frozen=True, slots=True)
 class JobAllocation:
@@ -32,7 +30,7 @@ class JobAllocation:
     uuid: str
     job_id: str
     user: str = ""  # user name, the numeric uid, or "" when no source says
-    source: str = "devices"  # devices | scontrol | mapping (SOURCES)
+    source: str = "devices"  # which told: devices (cgroup v1), scontrol, mapping (the prolog's directory)
 
 
 def select(state: Any, fast: Any, host: Any) -> tuple[Any, Any]:

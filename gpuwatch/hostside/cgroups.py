@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwatch.attribution import POD_UID
+
 NVIDIA_MAJOR = 195  # /dev/nvidiaN: char 195:N; 255 is /dev/nvidiactl, 254 /dev/nvidia-modeset
 _GPU_MINORS = range(0, 254)
 
@@ -28,7 +30,7 @@ _SLURM_V2 = ("system.slice/*slurmstepd.scope/job_*",)
 _SLURM_V1 = ("*/slurm*/uid_*/job_*",)
 _PODS = ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice",
          "kubepods/pod*", "kubepods/*/pod*")
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$")
+_POD_UID = re.compile(rf"pod({POD_UID})(?:\.slice)?$")
 _JOB = re.compile(r"job_(\d+)$")
 _UID = re.compile(r"uid_(\d+)$")
 

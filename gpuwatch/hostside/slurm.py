@@ -11,7 +11,6 @@ one per job). Each kind of failure is logged once and counted, until scontrol an
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import shutil
 import socket
@@ -20,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpuwatch.attribution import user_name
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
 from gpuwatch.logs import get_logger
@@ -148,9 +148,6 @@ class Scontrol:
                            "(an empty value turns scontrol off)")
         return self._path
 
-    def available(self) -> bool:
-        return self._monotonic() >= self._resume_at and self._resolve() is not None
-
     def show_job(self, job_id: str) -> str | None:
         """The one-line record; "" when Slurm does not know the job (it ended); None on a failure
         (counted, logged once, then no call until the backoff has passed)."""
@@ -196,13 +193,6 @@ class Scontrol:
             self._log.warning(error, error_detail=message, hint=hint, retry_in_seconds=self._backoff)
 
 
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
 def read_mapping_dir(directory: Path) -> dict[tuple[int, int | None], list[str]]:
     """dcgm-exporter's job-mapping directory: a file per GPU index (``0``) or MIG instance
     (``0.3``), a job id per line ("0" or empty: no job). Missing or unreadable: nothing."""
@@ -233,7 +223,7 @@ class SlurmAllocations:
     """The slurm group's reader: allocations of this node's jobs, cached per job id."""
 
     def __init__(self, options: dict[str, Any], mapping_dir: str | None, monotonic: Callable[[], float],
-                 errors: list[tuple[str, str]], user_name: Callable[[int], str] = _user) -> None:
+                 errors: list[tuple[str, str]], user_name: Callable[[int], str] = user_name) -> None:
         self._node = str(options.get("node-name") or "") or socket.gethostname().split(".")[0]
         timeout = float(options.get("scontrol-timeout", 5))
         self._scontrol = Scontrol(str(options.get("scontrol", "scontrol")), timeout,
@@ -242,7 +232,6 @@ class SlurmAllocations:
         self._monotonic = monotonic
         self._mapping = None if mapping_dir is None else Path(mapping_dir)
         self._user_name = user_name
-        self._users: dict[int, str] = {}  # uid -> name (an LDAP lookup per job and read would be slow)
         self._cache: dict[str, Answer] = {}  # job id -> what scontrol said, for the job's life
 
     def read(self, found: Scan, gpus: Sequence[GpuState]) -> tuple[tuple[JobAllocation, ...], bool] | None:
@@ -260,7 +249,7 @@ class SlurmAllocations:
         deadline = self._monotonic() + self._budget
         for job in (j for j in found.jobs if j.scheduler == "slurm"):
             live.append(job.job_id)
-            user = self._user(job.uid) if job.uid is not None else ""
+            user = self._user_name(job.uid) if job.uid is not None else ""
             minors = job.devices()
             if minors is not None:
                 allocations.extend(JobAllocation(by_minor[m], job.job_id, user, "devices") for m in minors
@@ -285,14 +274,6 @@ class SlurmAllocations:
             resolved.update(a.job_id for a in allocations)
         # one per (GPU, job): the MIG files of one GPU say it again
         return tuple(dict.fromkeys(allocations)), all(j in resolved for j in live)
-
-    def _user(self, uid: int) -> str:
-        name = self._users.get(uid)
-        if name is None:
-            if len(self._users) > 4096:
-                self._users.clear()
-            name = self._users[uid] = self._user_name(uid)
-        return name
 
     def _ask(self, job: JobCgroup) -> Answer | None:
         text = self._scontrol.show_job(job.job_id)
