@@ -231,9 +231,10 @@ class Renderer:
                                         (state,), rebuild)
             fast = state.fresh_fast(now, fast_bound)
             slow = state.fresh_slow(now, slow_bound)
+            host = state.fresh_host(now, slow_bound)  # the host groups' reading (slow tier's bound)
             for i, (_, render, select, fast_attr, slow_attr, host_attr) in enumerate(self._groups, 1):
                 if host_attr is not None:
-                    a, b = (select or _host_select)(state, None, state.fresh_host(now, slow_bound))
+                    a, b = (select or _host_select)(state, None, host)
                 elif select is None:
                     a = getattr(fast, fast_attr) if fast_attr and fast is not None else None
                     b = getattr(slow, slow_attr) if slow_attr and slow is not None else None

@@ -109,11 +109,6 @@ class HostReader:
             self._jobs = JobsReader(proc_root, monotonic, float(os.cpu_count() or 0) or None, self._errors)
         self._failed: set[str] = set()
 
-    @property
-    def groups(self) -> tuple[str, ...]:
-        return tuple(name for name, source in (("slurm", self._slurm), ("kubernetes", self._kubelet),
-                                               ("jobs", self._jobs)) if source is not None)
-
     def __call__(self, gpus: Sequence[GpuState]) -> HostSample:
         self._errors.clear()
         collected: list[tuple[str, float, bool]] = []
