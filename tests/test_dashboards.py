@@ -15,7 +15,6 @@ substituted, must return data.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -53,7 +52,7 @@ RECORDING_RULES = ROOT / "deploy" / "prometheus" / "recording.rules.yml"
 # the series the shipped recording rules record: dashboards may read them (the Fleet's aggregates do)
 RECORDED = {rule["record"] for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]
             for rule in group["rules"]}
-WORKLOAD_RECORDED = {name for name in RECORDED if name.startswith("workload:")}  # per (instance, workload)
+WORKLOAD_RECORDED = {name for name in RECORDED if "workload" in name.split(":")[0]}  # per (instance, workload)
 FLEET_LEVELS = {"job", "job_rule", "job_reason", "rack", "room", "pdu"}  # recorded without an instance
 RECORDED_LABELS: dict[str, set[str]] = {}
 for _group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]:
@@ -297,9 +296,12 @@ def _known_labels(metric: str) -> set[str]:
         return set(CATALOGUE[metric].labels) | {"job", "instance"}
     if metric in RECORDED:  # its rules' static labels, the labels its level keeps (job_rule: rule), topology
         level = metric.split(":")[0]
-        kept = set(level.split("_")[1:]) | ({"severity"} if level.endswith("_rule") else set())
-        if level == "workload":
+        parts = level.split("_")
+        kept = set(parts[1:]) | ({"severity"} if level.endswith("_rule") else set())
+        if "workload" in parts:
             kept |= {"scheduler", "job_id", "user"}
+        if parts[0] == "gpu":
+            kept |= {"gpu", "uuid"}
         return {"job", "instance", "rack", "row", "room", "pdu"} | RECORDED_LABELS.get(metric, set()) | kept
     return {"job", "instance"}
 
@@ -322,6 +324,9 @@ def test_queries_follow_the_lint_rules(uid):
                     f"{where}: no gpuwatch_gpu_job_info{{user=~\"$user\", job_id=~\"$job_id\"}} or workload: series"
             if any(s.metric in CATALOGUE and "gpu" in CATALOGUE[s.metric].labels for s in selectors):
                 per_gpu_panels += 1
+            if uid != "gpuwatch-node":  # the Fleet and Jobs dashboards read recorded series only (issue 12)
+                raw = sorted({s.metric for s in selectors if s.metric not in RECORDED})
+                assert not raw, f"{where}: reads {raw} raw: a recording rule holds at 10,000 nodes (bench/fleet.py)"
             for s in selectors:
                 # every metric is gpuwatch's (counters with _total, as exposed) or a standard one
                 assert (s.metric in CATALOGUE or s.metric in STANDARD_METRICS or s.metric in RECORDED
@@ -358,7 +363,7 @@ def test_queries_follow_the_lint_rules(uid):
     for rule, entries in exclusions.items():
         mine = {e for e in entries if e[0] == d["title"]}
         assert mine <= used[rule], f"unneeded {rule} exclusions: {sorted(mine - used[rule])}"
-    assert per_gpu_panels
+    assert per_gpu_panels or uid != "gpuwatch-node"
 
 
 def test_dashboards_cover_the_brief():
@@ -375,10 +380,15 @@ def test_dashboards_cover_the_brief():
     assert node["Clock event (throttle) reasons"]["type"] == "state-timeline"
     assert node["Anomalies"]["type"] == "state-timeline"
     assert all(t.get("instant") for t in node["XID errors"]["targets"] + node["ECC and row remapping"]["targets"])
-    for title in ("Healthy GPUs", "Throttling GPUs", "Lost GPUs", "Stale or failing nodes"):
+    for title in ("Healthy GPUs", "Throttling GPUs", "Lost GPUs", "Nodes needing attention", "Exporters down"):
         assert fleet[title]["type"] == "stat"
-    assert "topk(" in exprs(fleet["Hottest GPUs"])
-    assert "group_left(name) gpuwatch_gpu_info" in exprs(fleet["Hottest GPUs"])
+    # ranked per node from each node's extreme GPU, recorded with its gpu, uuid (and model): one series a node
+    assert exprs(fleet["Hottest GPUs, one per node"]).startswith("topk(10, instance:gpuwatch_temperature_celsius:top1{")
+    assert exprs(fleet["Least thermal headroom, one per node"]).startswith(
+        "bottomk(10, instance:gpuwatch_thermal_headroom_celsius:bottom1{")
+    # tables list what needs attention only (sparse recordings), not one row per node or GPU
+    assert "instance:gpuwatch_node_problem:active{" in exprs(fleet["Nodes needing attention: what"])
+    assert "gpu_rule:gpuwatch_anomaly_since_timestamp_seconds:firing{" in exprs(fleet["GPUs needing attention"])
     # Fleet at 10,000 nodes: what grows with the nodes and the range reads recorded series; per-node views
     # are top-k / bottom-k or tables (issue 12; bench/fleet.py measures them)
     assert "instance_reason:gpuwatch_clocks_event_seconds:rate5m" in exprs(fleet["Throttle time, top nodes"])
@@ -393,14 +403,19 @@ def test_dashboards_cover_the_brief():
     assert "gpuwatch_clocks_event_active{" not in " ".join(exprs(p) for p in fleet.values())
 
     jobs = {p["title"]: p for p in query_panels(load("gpuwatch-jobs"))}
-    assert "gpuwatch_workload_memory_used_bytes" in exprs(jobs["Running jobs"])
-    assert 'gpuwatch_anomaly{job=~"$job", instance=~"$instance", rule="allocated_idle"} == 1' \
-        in exprs(jobs["Idle allocated GPUs"])
-    assert "gpuwatch_anomaly_since_timestamp_seconds" in exprs(jobs["Idle allocated GPUs"])
-    for title in ("GPU-hours per job", "GPU-hours per user", "Energy per job", "Energy per user"):
-        assert "[$__range:$__interval]" in exprs(jobs[title]), title
+    assert "workload:gpuwatch_memory_used_bytes:sum{" in exprs(jobs["Running jobs"])
+    for title, rule in (("Idle allocated GPUs", "allocated_idle"), ("Input-bound GPUs", "input_bound")):
+        assert exprs(jobs[title]).startswith("time() - gpu_workload_rule:gpuwatch_anomaly_since_timestamp_seconds:firing{")
+        assert f'rule="{rule}"' in exprs(jobs[title])
+    # totals: the recorded samples of the 1-minute workloads group, a minute each (no subquery)
+    (workloads,) = [g for g in yaml.safe_load(RECORDING_RULES.read_text())["groups"] if g["name"] == "gpuwatch-workloads"]
+    assert workloads["interval"] == "1m"
+    for title, factor in (("GPU-hours per job", "/ 60"), ("GPU-hours per user", "/ 60"), ("Energy per job", "* 60"),
+                          ("Energy per user", "* 60")):
+        expr = exprs(jobs[title])
+        assert "[$__range])" in expr and f"[$__range])) {factor}" in expr and ":$__interval]" not in expr, title
         assert all(t["instant"] for t in jobs[title]["targets"]), title
-        assert "Approximation" in jobs[title]["description"] or title.startswith("Energy"), title
+        assert "one sample a minute" in jobs[title]["description"], title
     # the per-job time series read per-workload recordings (a day of every GPU's series joined with
     # gpuwatch_gpu_job_info would touch billions of samples at 10,000 nodes: bench/fleet.py)
     for title, record in (("Power per job", "workload:gpuwatch_power_watts:sum"),
@@ -409,8 +424,8 @@ def test_dashboards_cover_the_brief():
                           ("SM activity per job", "workload:gpuwatch_sm_active_ratio:avg"),
                           ("GPU busy against CPU saturation and I/O wait per job", "workload:gpuwatch_gpu_busy_ratio:avg")):
         assert record in exprs(jobs[title]), title
-    for title in ("Running jobs", "Idle allocated GPUs"):
-        assert jobs[title]["type"] == "table" and "group_left(name) gpuwatch_gpu_info" in exprs(jobs[title])
+    for title in ("Running jobs", "Idle allocated GPUs", "Input-bound GPUs"):
+        assert jobs[title]["type"] == "table", title
 
 
 def _substitute(expr: str, values: dict[str, str]) -> str:
@@ -672,7 +687,9 @@ def test_fault_panels_show_the_faults(stack):
     assert scalar("gpuwatch-fleet", "Nodes") == 3
     assert scalar("gpuwatch-fleet", "GPUs") == 9
     assert scalar("gpuwatch-fleet", "Lost GPUs") == 1
-    assert scalar("gpuwatch-fleet", "Stale or failing nodes") == 1  # the node with the lost GPU
+    assert scalar("gpuwatch-fleet", "Nodes needing attention") == 1  # the node with the lost GPU: its polls fail
+    problems = _panel_result(prom, instances, "gpuwatch-fleet", "Nodes needing attention: what")
+    assert {(s["metric"]["instance"], s["metric"]["problem"]) for s in problems} == {(nvml, "poll_failing")}
     assert scalar("gpuwatch-fleet", "Throttling GPUs") >= 1
     assert 1 <= scalar("gpuwatch-fleet", "Healthy GPUs") <= 7  # the fake node's GPU 0 and 2 are not
     assert scalar("gpuwatch-fleet", "Exporters down") == 0
@@ -732,14 +749,18 @@ def test_jobs_panels_show_the_jobs(stack):
     assert scalar("Held GPUs idle") == 1
     assert scalar("Power drawn by jobs") > 0
 
-    running = {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["scheduler"], s["metric"].get("job_id", ""),
-                s["metric"].get("user", ""), s["metric"]["name"]): float(s["value"][1])
-               for s in _panel_result(prom, instances, uid, "Running jobs")
-               if s["metric"]["instance"] == nvml}  # Prometheus omits empty labels
-    unattributed = (nvml, "1", "unknown", "", "", "NVIDIA H200")
-    assert math.isnan(running.pop(unattributed))  # listed, with memory "n/a"
-    assert running == {(nvml, "0", "slurm", "4242", "54321", "NVIDIA H200"): 5 * GIB,
-                       (nvml, "1", "slurm", "4343", "54322", "NVIDIA H200"): 20 * GIB}
+    # one row per node and workload: the GPUs it holds there (GPU 1 split between 4343 and the unattributed
+    # process), the frame buffer its processes use (none reported for the unattributed one)
+    held, memory, power, busy = ({(s["metric"]["instance"], s["metric"]["scheduler"], s["metric"].get("job_id", ""),
+                                   s["metric"].get("user", "")): float(s["value"][1])
+                                  for s in _panel_result(prom, instances, uid, "Running jobs", ref)
+                                  if s["metric"]["instance"] == nvml}  # Prometheus omits empty labels
+                                 for ref in "ABCD")
+    a, b, unattributed = (nvml, "slurm", "4242", "54321"), (nvml, "slurm", "4343", "54322"), (nvml, "unknown", "", "")
+    assert held == {a: 1, b: 0.5, unattributed: 0.5}
+    assert memory == {a: 5 * GIB, b: 20 * GIB}
+    assert set(power) == set(held) and power[b] == pytest.approx(power[unattributed]) and power[a] > 0
+    assert busy[a] == 0 and busy[b] == pytest.approx(0.70)  # SM activity (GPM)
 
     idle = _panel_result(prom, instances, uid, "Idle allocated GPUs")
     assert {(s["metric"]["instance"], s["metric"]["gpu"], s["metric"]["job_id"], s["metric"]["user"]) for s in idle} \
