@@ -76,12 +76,47 @@ class Node:
 
 
 @dataclass
+class Server:
+    """One Prometheus on loopback: its HTTP API."""
+
+    name: str
+    process: subprocess.Popen | None
+    base: str
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base + "/-/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str, at: float | None = None, stats: bool = False) -> dict:
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        if stats:
+            params["stats"] = "all"
+        return _get(self.base + "/api/v1/query?" + urllib.parse.urlencode(params))
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> dict:
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", "stats": "all"}
+        return _get(self.base + "/api/v1/query_range?" + urllib.parse.urlencode(params), timeout=120)
+
+    def result(self, expr: str) -> list[dict]:
+        document = self.query(expr)
+        assert document["status"] == "success", document
+        return document["data"]["result"]
+
+
+@dataclass
 class Fleet:
     workdir: Path
     interval: str = "15s"
     nodes: dict[str, Node] = field(default_factory=dict)
     prometheus: subprocess.Popen | None = None
     base: str = ""
+    servers: list[Server] = field(default_factory=list)
+    main: Server | None = None
 
     def node(self, name: str, gpus: int = 8, margin: float = 25.0, watts: float = 600.0,
              hot_gpu: int | None = None, throttled: bool = False, jobs: int = 0) -> Node:
@@ -122,50 +157,51 @@ class Fleet:
         self.nodes[name] = Node(name, process, str(address))
         return self.nodes[name]
 
-    def start_prometheus(self, targets: list[tuple[str, str, dict[str, str]]], rule_files: list[Path]) -> None:
-        """``targets``: (instance, node process name, topology labels)."""
-        port = _free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        groups = [{"targets": [self.nodes[proc].address], "labels": {"instance": instance, **labels}}
-                  for instance, proc, labels in targets]
-        config = {"global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
-                  "scrape_configs": [{"job_name": "gpuwatch", "static_configs": groups}],
-                  "rule_files": [str(p) for p in rule_files]}
-        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = open(self.workdir / "prometheus.log", "w")
-        self.prometheus = subprocess.Popen(
-            [shutil.which("prometheus") or "prometheus", f"--config.file={self.workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_for(lambda: self._ready(), 60, "Prometheus to be ready")
+    def static_configs(self, targets: list[tuple[str, str, dict[str, str]]]) -> list[dict]:
+        """``targets``: (instance, node process name, topology labels) as Prometheus static_configs."""
+        return [{"targets": [self.nodes[proc].address], "labels": {"instance": instance, **labels}}
+                for instance, proc, labels in targets]
 
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base + "/-/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
+    def start_prometheus(self, targets: list[tuple[str, str, dict[str, str]]], rule_files: list[Path]) -> None:
+        """The fleet's Prometheus: scrapes ``targets`` (instance, node process name, topology labels)."""
+        config = {"global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
+                  "scrape_configs": [{"job_name": "gpuwatch", "static_configs": self.static_configs(targets)}],
+                  "rule_files": [str(p) for p in rule_files]}
+        self.main = self.server("prometheus", config)
+        self.prometheus, self.base = self.main.process, self.main.base
+
+    def server(self, name: str, config: dict, flags: tuple[str, ...] = ()) -> Server:
+        """Another Prometheus (a shard, a global store) with its own ``config``, beside the fleet's."""
+        port = _free_port()
+        work = self.workdir / name
+        work.mkdir(exist_ok=True)
+        (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+        log = open(work / "prometheus.log", "w")
+        process = subprocess.Popen(
+            [shutil.which("prometheus") or "prometheus", f"--config.file={work / 'prometheus.yml'}",
+             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}", *flags],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        server = Server(name, process, f"http://127.0.0.1:{port}")
+        self.servers.append(server)
+        wait_for(server.ready, 60, f"Prometheus {name} to be ready")
+        return server
 
     def query(self, expr: str, at: float | None = None, stats: bool = False) -> dict:
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        if stats:
-            params["stats"] = "all"
-        return _get(self.base + "/api/v1/query?" + urllib.parse.urlencode(params))
+        return self._main().query(expr, at, stats)
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> dict:
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", "stats": "all"}
-        return _get(self.base + "/api/v1/query_range?" + urllib.parse.urlencode(params), timeout=120)
+        return self._main().query_range(expr, start, end, step)
 
     def result(self, expr: str) -> list[dict]:
-        document = self.query(expr)
-        assert document["status"] == "success", document
-        return document["data"]["result"]
+        return self._main().result(expr)
+
+    def _main(self) -> Server:
+        assert self.main is not None, "start_prometheus first"
+        return self.main
 
     def stop(self) -> None:
-        if self.prometheus is not None:
-            stop_process(self.prometheus)
+        for server in self.servers:
+            stop_process(server.process)
         for node in self.nodes.values():
             stop_process(node.process)
 

@@ -25,6 +25,8 @@ ALERT_RULES = ROOT / "alerts" / "gpuwatch.rules.yml"
 ALERT_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yml"))
 PROM_DIR = ROOT / "deploy" / "prometheus"
 RECORDING_RULES = PROM_DIR / "recording.rules.yml"
+GLOBAL_RULES = PROM_DIR / "sharding" / "global.rules.yml"  # the global store's, over the shards' recordings
+SHARD_EXAMPLE = PROM_DIR / "sharding" / "shard.example.yml"
 RECORDING_TESTS = sorted((PROM_DIR / "tests").glob("*.yml"))
 SCRAPE_EXAMPLE = PROM_DIR / "scrape-config.example.yml"
 FILE_SD_EXAMPLES = sorted((PROM_DIR / "file_sd").glob("*.yml"))
@@ -76,7 +78,7 @@ def alerts() -> list[dict]:
 
 
 def recording_rules() -> list[dict]:
-    return [rule for group in load(RECORDING_RULES)["groups"] for rule in group["rules"]]
+    return [rule for path in (RECORDING_RULES, GLOBAL_RULES) for group in load(path)["groups"] for rule in group["rules"]]
 
 
 def test_the_fleet_promtool_cases_are_what_their_generator_writes():
@@ -132,7 +134,7 @@ def duration_seconds(text: str) -> float:
 # ------------------------------------------------------------------------------------- promtool
 
 
-@pytest.mark.parametrize("path", [ALERT_RULES, RECORDING_RULES], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [ALERT_RULES, RECORDING_RULES, GLOBAL_RULES], ids=lambda p: p.name)
 def test_promtool_check_rules(promtool, path):
     rc, output = run(promtool, "check", "rules", "--lint=all", "--lint-fatal", path)
     assert rc == 0, output
@@ -166,6 +168,21 @@ def test_scrape_config_example_passes_promtool_check_config(promtool, tmp_path):
     assert rc == 0, output
     assert "SUCCESS: 2 rule files found" in output, output
     assert "warning" not in output.lower(), output  # e.g. a file_sd glob matching no file
+
+
+def test_shard_example_passes_promtool_check_config(promtool, tmp_path):
+    """The sharded layout of docs/scaling.md, installed as the example's header says."""
+    shutil.copy(SHARD_EXAMPLE, tmp_path / "prometheus.yml")
+    (tmp_path / "rules").mkdir()
+    shutil.copy(ALERT_RULES, tmp_path / "rules" / "gpuwatch.rules.yml")
+    shutil.copy(RECORDING_RULES, tmp_path / "rules" / "gpuwatch-recording.rules.yml")
+    shutil.copy(PROM_DIR / "budgets.rules.yml", tmp_path / "rules" / "gpuwatch-budgets.rules.yml")
+    (tmp_path / "file_sd").mkdir()
+    for path in FILE_SD_EXAMPLES:
+        shutil.copy(path, tmp_path / "file_sd" / path.name)
+    rc, output = run(promtool, "check", "config", "prometheus.yml", cwd=tmp_path)
+    assert rc == 0, output
+    assert "SUCCESS: 3 rule files found" in output and "warning" not in output.lower(), output
 
 
 def test_scrape_config_example_scrapes_gpuwatch_every_15s_from_file_sd():
