@@ -119,11 +119,12 @@ class Fleet:
     main: Server | None = None
 
     def node(self, name: str, gpus: int = 8, margin: float = 25.0, watts: float = 600.0,
-             hot_gpu: int | None = None, throttled: bool = False, jobs: int = 0) -> Node:
+             hot_gpu: int | None = None, throttled: bool = False, jobs: int = 0, args: tuple[str, ...] = ()) -> Node:
         """A gpuwatch process over an H200 x ``gpus`` fake node: every GPU at ``watts`` of 700 W and
         ``margin`` °C of T.Limit margin (headroom to slowdown = margin + 2 on an H200), GPU ``hot_gpu``
         at 3 °C; ``throttled``: every GPU in SW thermal slowdown; ``jobs``: that many Slurm jobs hold
-        the GPUs, round robin (a prolog's mapping directory: gpuwatch_gpu_job_info of each)."""
+        the GPUs, round robin (a prolog's mapping directory: gpuwatch_gpu_job_info of each); ``args``: more
+        of gpuwatch's flags."""
         work = self.workdir / name
         node = fakenvml.FakeNode.h200(gpus)
         for i, gpu in enumerate(node.gpus):
@@ -142,7 +143,7 @@ class Fleet:
             extra = ["--attribution.hpc-job-mapping-dir", str(mapping)]
         log = open(work / "gpuwatch.log", "w")
         argv = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0", "--log.format", "json",
-                "--log.level", "info", *extra]
+                "--log.level", "info", *extra, *args]
         process = subprocess.Popen(argv, env=fake_env(fx), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL)
 

@@ -52,7 +52,9 @@ def fleet(tmp_path_factory):
         f.node("normal", gpus=2)
         f.node("inlet", gpus=2, margin=15)
         f.node("fans", gpus=2, margin=11)
-        f.node("onegpu", gpus=2, hot_gpu=1)
+        config = work / "onegpu.yml"  # without its hold, so that it fires within the test
+        config.write_text("rules: {thermal_outlier: {hold: 0}}\n")
+        f.node("onegpu", gpus=4, hot_gpu=1, args=("--config", str(config)))  # 3 peers for thermal_outlier
         f.node("room", gpus=2, throttled=True)
         rules = []
         for path in fleet_bench.RULE_FILES[:2]:
@@ -60,7 +62,8 @@ def fleet(tmp_path_factory):
             copy = work / path.name
             copy.write_text(text)
             rules.append(copy)
-        budgets = work / "budgets.rules.yml"  # r1: 8 GPUs x 600 W of 5,000 W (96 %); pdu-r3 likewise; r2 at 48 %
+        # r1: 8 GPUs x 600 W of 5,000 W (96 %); pdu-r3: 10 GPUs, 120 %; r2 at 48 %
+        budgets = work / "budgets.rules.yml"
         budgets.write_text(yaml.safe_dump({"groups": [{"name": "budgets", "rules": [
             {"record": "rack:gpuwatch_power_budget_watts:declared", "expr": "vector(5000)", "labels": {"rack": "r1"}},
             {"record": "rack:gpuwatch_power_budget_watts:declared", "expr": "vector(10000)", "labels": {"rack": "r2"}},
@@ -94,6 +97,11 @@ def test_each_facility_fault_fires_exactly_its_own_alert(fleet):
                 ("GpuwatchPduPowerBudget", "pdu-r3")}
     wait_for(lambda: firing(fleet) >= expected, 90, "the facility alerts to fire")
     assert firing(fleet) == expected
+    # the one hot GPU is its node's thermal_outlier, and nowhere else is there one
+    wait_for(lambda: fleet.result('gpuwatch_anomaly{rule="thermal_outlier"} == 1'), 60, "thermal_outlier on r3-n1")
+    outliers = {(s["metric"]["instance"], s["metric"]["gpu"])
+                for s in fleet.result('gpuwatch_anomaly{rule="thermal_outlier"} == 1')}
+    assert outliers == {("r3-n1:19400", "1")}
 
 
 def test_every_dashboard_query_answers_and_reads_the_recorded_series_it_names(fleet):
