@@ -47,6 +47,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import fakehost  # noqa: E402
 import fakenvml  # noqa: E402
 from daemon import fake_env, stop_process, wait_for  # noqa: E402
 
@@ -123,8 +124,9 @@ class Fleet:
         """A gpuwatch process over an H200 x ``gpus`` fake node: every GPU at ``watts`` of 700 W and
         ``margin`` °C of T.Limit margin (headroom to slowdown = margin + 2 on an H200), GPU ``hot_gpu``
         at 3 °C; ``throttled``: every GPU in SW thermal slowdown; ``jobs``: that many Slurm jobs hold
-        the GPUs, round robin (a prolog's mapping directory: gpuwatch_gpu_job_info of each); ``args``: more
-        of gpuwatch's flags."""
+        the GPUs, round robin (a prolog's mapping directory: gpuwatch_gpu_job_info of each), each with a
+        host side (a cgroup and a process: gpuwatch_job_cpu_seconds_total, ...); ``args``: more of gpuwatch's
+        flags."""
         work = self.workdir / name
         node = fakenvml.FakeNode.h200(gpus)
         for i, gpu in enumerate(node.gpus):
@@ -140,7 +142,7 @@ class Fleet:
             mapping.mkdir()
             for i in range(gpus):
                 (mapping / str(i)).write_text(f"{7000 + i % jobs}\n")
-            extra = ["--attribution.hpc-job-mapping-dir", str(mapping)]
+            extra = ["--attribution.hpc-job-mapping-dir", str(mapping), *self._host_side(work, jobs)]
         log = open(work / "gpuwatch.log", "w")
         argv = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0", "--log.format", "json",
                 "--log.level", "info", *extra, *args]
@@ -157,6 +159,21 @@ class Fleet:
         address = wait_for(listening, 60, f"gpuwatch {name} to listen")
         self.nodes[name] = Node(name, process, str(address))
         return self.nodes[name]
+
+    @staticmethod
+    def _host_side(work: Path, jobs: int) -> list[str]:
+        """Each job's host side, for the jobs group: a cgroup v2 job with a data-loader process in a fake
+        /proc (tests/fakehost.py), so that gpuwatch_job_cpu_seconds_total and friends exist per job."""
+        proc, cgroup = work / "proc", work / "cgroup"
+        fakehost.proc_stat(proc)
+        for j in range(jobs):
+            job_id, pid = 7000 + j, 10_000 + j
+            fakehost.fake_process(proc, pid, user=100.0, system=5.0, iowait=1.0, read_bytes=10**9,
+                                  cgroup=f"0::/system.slice/slurmstepd.scope/job_{job_id}/step_0/user/task_0\n")
+            job = fakehost.slurm_v2_job(cgroup, job_id, [pid], cpus=f"{j}")
+            (job / "cpu.stat").write_text("usage_usec 105000000\nuser_usec 100000000\nsystem_usec 5000000\n")
+        return ["--attribution.proc-root", str(proc), "--attribution.cgroup-root", str(cgroup),
+                "--no-collector.kubernetes"]
 
     def static_configs(self, targets: list[tuple[str, str, dict[str, str]]]) -> list[dict]:
         """``targets``: (instance, node process name, topology labels) as Prometheus static_configs."""

@@ -64,8 +64,14 @@ VARIABLES = {
     "job": "label_values(gpuwatch_gpu_info, job)",
     "instance": 'label_values(gpuwatch_gpu_info{job=~"$job"}, instance)',
     "gpu": 'label_values(gpuwatch_gpu_info{job=~"$job", instance=~"$instance"}, gpu)',
-    "user": 'label_values(gpuwatch_gpu_job_info{job=~"$job", instance=~"$instance"}, user)',
-    "job_id": 'label_values(gpuwatch_gpu_job_info{job=~"$job", instance=~"$instance", user=~"$user"}, job_id)',
+}
+# The Fleet and Jobs dashboards read recorded series only, their variables too: they work on a global
+# store that receives the shards' recordings and no raw series (docs/scaling.md, tests/test_scaling.py).
+RECORDED_VARIABLES = {
+    "job": "label_values(instance:gpuwatch_gpus_by_state:count, job)",
+    "instance": 'label_values(instance:gpuwatch_gpus_by_state:count{job=~"$job"}, instance)',
+    "user": 'label_values(workload:gpuwatch_gpus:sum{job=~"$job", instance=~"$instance"}, user)',
+    "job_id": 'label_values(workload:gpuwatch_gpus:sum{job=~"$job", instance=~"$instance", user=~"$user"}, job_id)',
 }
 EXTRA_VARIABLES = {"gpuwatch-node": ["gpu"], "gpuwatch-fleet": [], "gpuwatch-jobs": ["user", "job_id"]}
 # "All" of user and job_id must match the empty value too: a process gpuwatch cannot attribute (scheduler
@@ -240,8 +246,10 @@ def test_variables(uid):
         v = variables[name]
         query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
         assert v["type"] == "query", name
-        assert query == VARIABLES[name], name
-        assert v["definition"] == VARIABLES[name], name
+        wanted = (VARIABLES if uid == "gpuwatch-node" else RECORDED_VARIABLES)[name]
+        assert query == wanted and v["definition"] == wanted, name
+        if uid != "gpuwatch-node":
+            assert re.match(r"label_values\(([a-z_:]+)", query).group(1) in RECORDED, name  # type: ignore[union-attr]
         assert v["datasource"] == DS, name
         if (uid, name) == ("gpuwatch-node", "instance"):  # one node: never the whole fleet's per-GPU series
             assert (v["multi"], v["includeAll"], v["refresh"], v.get("allValue")) == (False, False, 2, None)

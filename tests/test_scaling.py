@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import re
 import shutil
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -60,7 +62,7 @@ def sharded(tmp_path_factory):
     work = tmp_path_factory.mktemp("sharded")
     f = fleet_bench.Fleet(work, interval="2s")
     try:
-        f.node("node", gpus=2)
+        f.node("node", gpus=2, jobs=1)  # a Slurm job on each node, with a host side (cgroup, process)
         rules = []
         for path in fleet_bench.RULE_FILES[:2]:
             copy = work / path.name
@@ -131,15 +133,59 @@ def test_the_global_store_gets_the_recordings_and_alerts_only_and_sums_the_shard
     assert (alert["metric"]["rack"], alert["metric"]["prometheus"]) == ("r1b", shard)
 
 
-def test_the_fleet_dashboard_answers_from_the_global_store(sharded):
-    """It reads recorded series only, so it works on the global store as on one Prometheus."""
-    _, _, receiver = sharded
-    wait_for(lambda: receiver.result("instance:gpuwatch_gpus_by_state:count"), 60, "recordings in the global store")
-    queries = [q for q in fleet_bench.dashboard_queries("r0a-n1:19400") if q["uid"] == "gpuwatch-fleet"]
-    assert len(queries) > 20
-    for q in queries:
-        document = receiver.query(q["expr"])
-        assert document["status"] == "success", (q["title"], q["ref"], document.get("error"))
-    stats = {q["title"]: q for q in queries if q["title"] in ("Nodes", "GPUs")}
-    wait_for(lambda: [float(receiver.result(stats[t]["expr"])[0]["value"][1]) for t in ("Nodes", "GPUs")] == [8, 16],
-             60, "the Fleet's Nodes and GPUs stats over both shards")
+def _label_values(server, variable: str, values: dict[str, str]) -> set[str]:
+    """What Grafana's label_values(metric{...}, label) lists: /api/v1/label/<label>/values?match[]=..."""
+    metric, label = re.fullmatch(r"label_values\((.+), (\w+)\)", variable).groups()  # type: ignore[union-attr]
+    document = fleet_bench._get(f"{server.base}/api/v1/label/{label}/values?"
+                                + urllib.parse.urlencode({"match[]": fleet_bench.substitute(metric, values)}))
+    assert document["status"] == "success", document
+    return set(document["data"])
+
+
+def test_the_fleet_and_jobs_dashboards_answer_from_the_global_store(sharded):
+    """They read recorded series only, variables included, so the global store answers every query that
+    a shard answers, and the stats add up over the shards."""
+    _, shards, receiver = sharded
+    queries = [q for q in fleet_bench.dashboard_queries("r0a-n1:19400") if q["uid"] in ("gpuwatch-fleet", "gpuwatch-jobs")]
+    assert len(queries) > 40
+    # empty on a healthy fleet without per-process memory or I/O wait: the sparse tables and lines
+    quiet = {("gpuwatch-fleet", "Firing anomalies by rule", "A"), ("gpuwatch-fleet", "GPUs needing attention", "A"),
+             ("gpuwatch-fleet", "Nodes needing attention: what", "A"), ("gpuwatch-jobs", "Running jobs", "B"),
+             ("gpuwatch-jobs", "Idle allocated GPUs", "A"), ("gpuwatch-jobs", "Input-bound GPUs", "A"),
+             ("gpuwatch-jobs", "GPU busy against CPU saturation and I/O wait per job", "C"),
+             ("gpuwatch-jobs", "Frame buffer per job", "A")}
+    wrong: dict = {}
+
+    def all_answer() -> bool:
+        wrong.clear()
+        for q in queries:
+            key = (q["uid"], q["title"], q["ref"])
+            document = receiver.query(q["expr"])
+            assert document["status"] == "success", (key, document.get("error"))
+            here, there = bool(document["data"]["result"]), any(s.result(q["expr"]) for s in shards)
+            if here != there or here == (key in quiet):
+                wrong[key] = (here, there)
+        return not wrong
+
+    try:  # the 1-minute groups (rates, workloads) evaluate within their first minute
+        wait_for(all_answer, 120, "the global store to answer what the shards answer")
+    except AssertionError:
+        raise AssertionError(f"(global store, shards) answering, not as expected: {wrong}") from None
+    stats = {(q["uid"], q["title"]): q["expr"] for q in queries}
+    for key, wanted in ((("gpuwatch-fleet", "Nodes"), 8), (("gpuwatch-fleet", "GPUs"), 16),
+                        (("gpuwatch-jobs", "Jobs"), 1), (("gpuwatch-jobs", "GPUs held"), 16)):
+        (sample,) = receiver.result(stats[key])
+        assert float(sample["value"][1]) == wanted, key
+    (rack,) = receiver.result(stats[("gpuwatch-fleet", "Power by rack against budget")])
+    assert rack["metric"]["rack"] == "r1b" and float(rack["value"][1]) == pytest.approx(1.2)
+    # the variables Grafana fills its drop-downs from
+    for path in fleet_bench.DASHBOARDS:
+        dashboard = json.loads(path.read_text())
+        if dashboard["uid"] == "gpuwatch-node":
+            continue
+        variables = {v["name"]: v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
+        values = {"job": "gpuwatch", "instance": ".+", "user": ".*"}
+        assert _label_values(receiver, variables["job"], values) == {"gpuwatch"}
+        assert _label_values(receiver, variables["instance"], values) == {i for i, _, _ in _layout()}
+        if "job_id" in variables:
+            assert _label_values(receiver, variables["job_id"], values) == {"7000"}
