@@ -272,7 +272,7 @@ def dashboard_queries(one_node: str) -> list[dict]:
             for t in p["targets"]:
                 queries.append({"uid": d["uid"], "title": p["title"], "ref": t["refId"],
                                 "expr": substitute(t["expr"], values), "raw": t["expr"], "hours": hours,
-                                "instant": bool(t.get("instant"))})
+                                "instant": bool(t.get("instant")), "points": int(p.get("maxDataPoints", 1000))})
     return queries
 
 
@@ -303,7 +303,7 @@ def measure_queries(fleet: Fleet, nodes: int, repeat: int, data_seconds: float) 
             "instant_max_ms": max(walls) * 1e3, "instant_samples": samples, "error": error}
         # What the query would touch on a fleet of N nodes over the dashboard's default range: samples
         # grow with the nodes and, for a range query, with its steps (Grafana's: the range over the
-        # panel's ~1,000 data points, at least the 15 s scrape interval), for an instant one over
+        # panel's data points, ~1,000 or its maxDataPoints, at least the 15 s scrape interval), for an instant one over
         # [$__range] with the data it covers (here only data_seconds of it).
         range_seconds = q["hours"] * 3600
         if not q["instant"]:
@@ -315,7 +315,7 @@ def measure_queries(fleet: Fleet, nodes: int, repeat: int, data_seconds: float) 
                 if doc.get("status") == "success" else 0
             entry["range_samples"] = range_samples
             measured_steps = data_seconds / step + 1
-            grafana_steps = range_seconds / max(15.0, range_seconds / 1000) + 1
+            grafana_steps = range_seconds / max(15.0, range_seconds / q["points"]) + 1
             per_node = range_samples / nodes * grafana_steps / measured_steps
         elif "$__range" in q["raw"]:
             entry["range_samples"] = None

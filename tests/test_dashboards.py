@@ -31,6 +31,7 @@ from pathlib import Path
 import fakenvml
 import pytest
 import yaml
+from benchfleet import quick
 from daemon import Daemon, fake_env, stop_process, wait_for
 
 from gpuwatch.exporter.catalogue import CATALOGUE
@@ -415,15 +416,22 @@ def test_dashboards_cover_the_brief():
     for title, rule in (("Idle allocated GPUs", "allocated_idle"), ("Input-bound GPUs", "input_bound")):
         assert exprs(jobs[title]).startswith("time() - gpu_workload_rule:gpuwatch_anomaly_since_timestamp_seconds:firing{")
         assert f'rule="{rule}"' in exprs(jobs[title])
-    # totals: the recorded samples of the 1-minute workloads group, a minute each (no subquery)
-    (workloads,) = [g for g in yaml.safe_load(RECORDING_RULES.read_text())["groups"] if g["name"] == "gpuwatch-workloads"]
-    assert workloads["interval"] == "1m"
-    for title, factor in (("GPU-hours per job", "/ 60"), ("GPU-hours per user", "/ 60"), ("Energy per job", "* 60"),
-                          ("Energy per user", "* 60")):
+    # totals: the 5-minute recordings of the accounting group, summed over the range (no subquery)
+    groups = {g["name"]: g for g in yaml.safe_load(RECORDING_RULES.read_text())["groups"]}
+    accounting = groups["gpuwatch-accounting"]
+    assert accounting["interval"] == "5m" and all("[5m:1m]" in r["expr"] for r in accounting["rules"])
+    for title, record, factor in (("GPU-hours per job", "workload:gpuwatch_gpu_seconds:sum5m", " / 3600"),
+                                  ("GPU-hours per user", "workload:gpuwatch_gpu_seconds:sum5m", " / 3600"),
+                                  ("Energy per job", "workload:gpuwatch_energy_joules:sum5m", ""),
+                                  ("Energy per user", "workload:gpuwatch_energy_joules:sum5m", "")):
         expr = exprs(jobs[title])
-        assert "[$__range])" in expr and f"[$__range])) {factor}" in expr and ":$__interval]" not in expr, title
-        assert all(t["instant"] for t in jobs[title]["targets"]), title
-        assert "one sample a minute" in jobs[title]["description"], title
+        assert f"sum_over_time({record}{{" in expr and f"[$__range])){factor}" in expr, title
+        assert ":$__interval]" not in expr and all(t["instant"] for t in jobs[title]["targets"]), title
+    # one line per job: few enough points that the range queries hold at tens of thousands of jobs
+    for panel in jobs.values():
+        if panel["type"] == "timeseries" and "job_id" in exprs(panel) + " ".join(
+                t.get("legendFormat", "") for t in panel["targets"]):
+            assert panel.get("maxDataPoints") == 300, panel["title"]
     # the per-job time series read per-workload recordings (a day of every GPU's series joined with
     # gpuwatch_gpu_job_info would touch billions of samples at 10,000 nodes: bench/fleet.py)
     for title, record in (("Power per job", "workload:gpuwatch_power_watts:sum"),
@@ -489,11 +497,12 @@ class Prometheus:
         self.base = f"http://127.0.0.1:{self.port}"
         config = workdir / "prometheus.yml"
         # The shipped recording rules, which Fleet panels read, and the example budgets (rack r12), with
-        # their groups' own intervals (1m, 5m) taken out: here every group runs every second, like the scrapes.
+        # their groups' own intervals (1m, 5m) taken out: here every group runs every second, like the
+        # scrapes, and the accounting samples the workloads every second instead of on whole minutes.
         rules = []
         for path in (RECORDING_RULES, RECORDING_RULES.parent / "budgets.rules.yml"):
             copy = workdir / path.name
-            copy.write_text(re.sub(r"^    interval: \S+\n", "", path.read_text(), flags=re.MULTILINE))
+            copy.write_text(quick(path.read_text(), holds=False))
             rules.append(str(copy))
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},

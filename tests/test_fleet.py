@@ -3,28 +3,19 @@ fake library (bench/fleet.py's Fleet), with the shipped recording rules, fleet a
 file. Each facility fault fires exactly its own alert; every dashboard query answers; the panels that
 say they read a recording rule do.
 
-The alerts' ``for:`` is set to 0 in a copy of the rules (promtool's cases in alerts/tests/ check the
-hold times); everything else is the shipped text.
+The rules are the shipped text made quick (tests/benchfleet.py: the alerts' ``for:`` at 0, every group
+at the 2 s evaluation interval); promtool's cases check the hold times and intervals as shipped.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from benchfleet import fleet_bench, new_fleet, rules_for_tests
 from daemon import wait_for
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_fleet", ROOT / "bench" / "fleet.py")
-fleet_bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_fleet"] = fleet_bench  # its dataclasses look their module up
-_spec.loader.exec_module(fleet_bench)  # type: ignore[union-attr]
 
 RACKS = {"r1": "hall-1", "r2": "hall-1", "r3": "hall-1", "r4": "hall-2"}
 
@@ -44,10 +35,8 @@ def _process(rack: str, node: int) -> str:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    if shutil.which("prometheus") is None:
-        pytest.fail("prometheus is missing: scripts/test installs it (Debian package prometheus)")
     work = tmp_path_factory.mktemp("fleet")
-    f = fleet_bench.Fleet(work, interval="2s")
+    f = new_fleet(work)
     try:
         f.node("normal", gpus=2)
         f.node("inlet", gpus=2, margin=15)
@@ -56,12 +45,7 @@ def fleet(tmp_path_factory):
         config.write_text("rules: {thermal_outlier: {hold: 0}}\n")
         f.node("onegpu", gpus=4, hot_gpu=1, args=("--config", str(config)))  # 3 peers for thermal_outlier
         f.node("room", gpus=2, throttled=True)
-        rules = []
-        for path in fleet_bench.RULE_FILES[:2]:
-            text = re.sub(r"^(\s+)for: \S+$", r"\1for: 0s", path.read_text(), flags=re.MULTILINE)
-            copy = work / path.name
-            copy.write_text(text)
-            rules.append(copy)
+        rules = rules_for_tests(work)
         # r1: 8 GPUs x 600 W of 5,000 W (96 %); pdu-r3: 10 GPUs, 120 %; r2 at 48 %
         budgets = work / "budgets.rules.yml"
         budgets.write_text(yaml.safe_dump({"groups": [{"name": "budgets", "rules": [
