@@ -36,9 +36,11 @@ RUNBOOK_BASE = "https://github.com/gpuwatch/gpuwatch/blob/main/docs/runbooks.md#
 SEVERITIES = {"critical", "warning", "info"}
 NODE_RULE_METRIC = "gpuwatch_node_anomaly"
 GPU_RULE_METRIC = "gpuwatch_anomaly"
-# A reference to a rule that drives an alert; the same selector after `unless on(...) (` only
-# excludes (e.g. GpuwatchGpuDown stays quiet while GpuwatchGpuLost fires).
-RULE_REF = re.compile(r'(gpuwatch_(?:node_)?anomaly)\{rule="([a-z_]+)"\} == 1')
+# A reference to a rule that drives an alert: the anomaly == 1, or the GPU alerts' recording of it with
+# the GPU model (gpu_rule:gpuwatch_anomaly:named, the first rule of their group); the same selector after
+# `unless on(...) (` only excludes (e.g. GpuwatchGpuDown stays quiet while GpuwatchGpuLost fires).
+RULE_REF = re.compile(r'(gpuwatch_(?:node_)?anomaly)\{rule="([a-z_]+)"\} == 1'
+                      r'|gpu_rule:(gpuwatch_anomaly):named\{rule="([a-z_]+)"\}')
 EXCLUSION_BEFORE = re.compile(r"unless\s+on\s*\([^)]*\)\s*\(\s*$")
 
 
@@ -78,7 +80,9 @@ def alerts() -> list[dict]:
 
 
 def recording_rules() -> list[dict]:
-    return [rule for path in (RECORDING_RULES, GLOBAL_RULES) for group in load(path)["groups"] for rule in group["rules"]]
+    """Of the recording rule files and the alert rules' own (the GPU alerts' named anomalies)."""
+    return [rule for path in (RECORDING_RULES, GLOBAL_RULES, ALERT_RULES) for group in load(path)["groups"]
+            for rule in group["rules"] if "record" in rule]
 
 
 def test_the_fleet_promtool_cases_are_what_their_generator_writes():
@@ -108,8 +112,13 @@ def camel(rule_id: str) -> str:
 
 def driving_refs(expr: str) -> list[tuple[str, str]]:
     """(metric, rule id) of every anomaly selector that makes the alert fire (not an `unless` one)."""
-    return [(m.group(1), m.group(2)) for m in RULE_REF.finditer(expr)
+    return [(m.group(1) or m.group(3), m.group(2) or m.group(4)) for m in RULE_REF.finditer(expr)
             if not EXCLUSION_BEFORE.search(expr[:m.start()])]
+
+
+def rule_refs(expr: str) -> list[str]:
+    """Every rule id the expression refers to, driving or excluding."""
+    return [m.group(2) or m.group(4) for m in RULE_REF.finditer(expr)]
 
 
 def github_anchor(heading: str) -> str:
@@ -231,7 +240,7 @@ def test_every_rule_has_exactly_one_alert_named_after_it_with_its_severity():
 def test_every_alert_driver_is_a_known_rule():
     ids = {rule.id for rule in all_rules()}
     for alert in alerts():
-        for _, rule_id in RULE_REF.findall(alert["expr"]):
+        for rule_id in rule_refs(alert["expr"]):
             assert rule_id in ids, f"{alert['alert']} refers to unknown rule {rule_id}"
 
 
@@ -328,7 +337,7 @@ def test_recording_rules_are_named_level_metric_operations():
 
 
 def test_every_recording_rule_is_tested_and_documented():
-    tested = {check["expr"].strip() for case in promtool_cases(RECORDING_TESTS)
+    tested = {check["expr"].strip() for case in promtool_cases(RECORDING_TESTS + ALERT_TESTS)
               for check in case.get("promql_expr_test", [])}
     doc = PROMETHEUS_DOC.read_text(encoding="utf-8")
     for name in {rule["record"] for rule in recording_rules()}:
