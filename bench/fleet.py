@@ -244,16 +244,27 @@ def layout(count: int, nodes_per_rack: int = 10, racks_per_room: int = 10) -> li
 
 
 # -- the dashboards' queries ---------------------------------------------------------------------
-def panels(dashboard: dict) -> list[dict]:
+def all_panels(dashboard: dict) -> list[dict]:
+    """Every panel, those of collapsed rows too."""
     found = []
     for p in dashboard["panels"]:
         found.append(p)
-        found.extend(p.get("panels", []))
-    return [p for p in found if p.get("targets")]
+        found.extend(p.get("panels", []))  # panels of a collapsed row
+    return found
+
+
+def panels(dashboard: dict) -> list[dict]:
+    """The panels with queries."""
+    return [p for p in all_panels(dashboard) if p.get("targets")]
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:
-    return re.sub(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))", lambda m: values[m.group(1) or m.group(2)], expr)
+    """``expr`` with Grafana's variables ($name, ${name}, ${name:format}) replaced by ``values``."""
+    def one(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        assert name in values, f"unknown variable ${name} in {expr!r}"
+        return values[name]
+    return re.sub(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))", one, expr)
 
 
 def dashboard_queries(one_node: str) -> list[dict]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import fakenvml
 import pytest
 import yaml
-from benchfleet import quick
+from benchfleet import fleet_bench, quick
 from daemon import Daemon, fake_env, stop_process, wait_for
 
 from gpuwatch.exporter.catalogue import CATALOGUE
@@ -84,12 +84,7 @@ def load(uid: str) -> dict:
     return json.loads(DASHBOARD_FILES[uid].read_text())
 
 
-def all_panels(dashboard: dict) -> list[dict]:
-    out = []
-    for p in dashboard["panels"]:
-        out.append(p)
-        out.extend(p.get("panels", []))  # panels of a collapsed row
-    return out
+all_panels = fleet_bench.all_panels  # every panel, those of collapsed rows too
 
 
 def query_panels(dashboard: dict) -> list[dict]:
@@ -444,12 +439,7 @@ def test_dashboards_cover_the_brief():
         assert jobs[title]["type"] == "table", title
 
 
-def _substitute(expr: str, values: dict[str, str]) -> str:
-    def one(m):
-        name = m.group(1) or m.group(2)
-        assert name in values, f"unknown variable ${name} in {expr!r}"
-        return values[name]
-    return re.sub(r"\$(?:\{(\w+)\}|(\w+))", one, expr)
+_substitute = fleet_bench.substitute  # Grafana's variables replaced (an unknown one fails)
 
 
 STATIC_VALUES = {"job": "gpuwatch", "instance": ".+", "gpu": ".+", "user": ".*", "job_id": ".*", "__range_s": "600",
