@@ -37,6 +37,7 @@ FEATURE_SERIES = {
     "nvlink": ("gpuwatch_nvlink_links", {"state": "active"}),
     "fabric": ("gpuwatch_fabric_state", {"state": "completed"}),
     "mig": ("gpuwatch_mig_instance_info", {}),
+    "power_smoothing": ("gpuwatch_power_smoothing_lifetime_remaining_ratio", {}),
 }
 # Every GPU of every backend has these.
 ALWAYS = ("gpuwatch_gpu_info", "gpuwatch_gpu_up", "gpuwatch_temperature_celsius", "gpuwatch_clock_hertz",

@@ -219,7 +219,7 @@ def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
         assert gone not in families, gone
     features = {dict(k[1])["feature"] for k in m if k[0] == "gpuwatch_gpu_feature_supported"}
     assert features == {"energy", "memory_temperature", "pcie", "power", "power_limit", "temperature_margin",
-                        "utilization", "gpm", "nvlink", "fabric", "mig"}
+                        "utilization", "gpm", "nvlink", "fabric", "mig", "power_smoothing"}
     groups_seen = {dict(k[1])["group"]: v for k, v in m.items() if k[0] == "gpuwatch_collector_success"}
     assert groups_seen == {"thermal": 1, "power": 1, "utilization": 1, "memory": 1, "pcie": 1, "gpm": 1,
                            "nvlink": 1, "fabric": 1, "mig": 1, "jobs": 1}  # jobs: no NVML, no job here

@@ -33,6 +33,7 @@ import pynvml as N
 
 from gpuwatch import groups
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.groups import fieldids
 from gpuwatch.groups.base import NvmlReader, Unsupported
 from gpuwatch.logs import get_logger
 from gpuwatch.model import DiscoveredGpu, DriverInfo, FastSample, GpuIdentity, SlowSample, XidEvent
@@ -448,10 +449,17 @@ def _is_gone(code: int) -> bool:
 class _Probe:
     """groups.base.Device for one GPU at discovery."""
 
-    def __init__(self, handle: Any, fields: frozenset[int], options: Mapping[str, Any]) -> None:
+    def __init__(self, handle: Any, fields: Mapping[int, int | None], options: Mapping[str, Any],
+                 numbering: fieldids.Numbering = fieldids.DEFAULT, identity: GpuIdentity | None = None) -> None:
         self.handle = handle
         self.fields: set[FieldKey] = set(fields)  # the keys the GPU answered at discovery
+        self._types: dict[FieldKey, int | None] = dict(fields)  # key -> NVML value type it answered in
         self.options = options  # "<group>.<option>" -> value
+        self.numbering = numbering
+        self.numbering_known = numbering.known
+        self.architecture = None if identity is None else identity.architecture
+        self._identity = identity
+        self._rejected: set[str] = set()
         self.features: dict[str, bool] = {}
         self.used: dict[str, dict[FieldKey, str]] = {"fast": {}, "slow": {}}  # tier -> field key -> group
         self.cleanups: list[Callable[[], None]] = []  # what to free before NVML shuts down (GPM samples)
@@ -497,6 +505,23 @@ class _Probe:
     def has_field(self, field_id: int) -> bool:
         return field_id in self.fields
 
+    def field_id(self, name: str) -> int | None:
+        return self.numbering.id(name)
+
+    def value_type(self, key: FieldKey) -> int | None:
+        return self._types.get(key)
+
+    def reject(self, what: str, why: str) -> None:
+        if what in self._rejected:
+            return
+        self._rejected.add(what)
+        identity = self._identity
+        get_logger(component="nvml").warning(
+            "nvml_reading_implausible", reading=what, error_detail=why, group=self.group,
+            gpu=None if identity is None else str(identity.index), uuid=None if identity is None else identity.uuid,
+            driver_version=self.numbering.driver_version, branch=self.numbering.branch,
+            hint="the reading is left out and shown as an unsupported feature; please report the driver version "
+                 "and `nvidia-smi -q` output so gpuwatch can learn this branch")
     def values(self, keys: Any) -> dict[FieldKey, float | int]:
         keys = list(dict.fromkeys(keys))
         if not keys:
@@ -513,6 +538,7 @@ class _Probe:
                 raise N.NVMLError(_LOST)
             if entry.nvmlReturn == N.NVML_SUCCESS and entry.valueType < len(_VALUE_MEMBERS):
                 answered[key] = getattr(entry.value, _VALUE_MEMBERS[entry.valueType])
+                self._types[key] = int(entry.valueType)
         self.fields.update(answered)
         return answered
 
@@ -607,7 +633,8 @@ class NvmlBackend:
         self._options = {f"{g.name}.{name}": default for g in groups.GROUPS
                          for name, (default, _) in g.options.items()}
         self._options.update(options or {})
-        self._field_ids = {fid: g.name for g in self._groups for fid in g.fields}
+        self._numbering = fieldids.DEFAULT
+        self._field_ids = self._resolve_fields()
         self._devices: dict[str, _Gpu] = {}
         self._by_handle: dict[int | None, str] = {}
         self._event_set: Any = None
@@ -636,8 +663,26 @@ class NvmlBackend:
         if texts.invalid:
             get_logger(component="nvml").warning("nvml_invalid_text", texts=texts.invalid,
                                                  hint="the driver reported text that is not UTF-8; shown with U+FFFD")
+        self._numbering = fieldids.numbering(driver)
+        self._field_ids = self._resolve_fields()
+        if not self._numbering.known:
+            get_logger(component="nvml").warning(
+                "nvml_field_numbering_unknown", driver_version=driver, branch=self._numbering.branch,
+                hint=f"this driver is newer than gpuwatch's table of NVML field ids (up to R{fieldids.NEWEST_KNOWN}): "
+                     "the newest numbering is assumed and every moved field is checked before it is read; "
+                     "a field that does not fit is left out and logged (upgrade gpuwatch for this branch)")
         return DriverInfo(driver_version=driver, nvml_version=nvml, cuda_driver_version=cuda,
                           errors=("invalid_utf8",) * len(texts.invalid))
+
+    def _resolve_fields(self) -> dict[int, str]:
+        """The enabled groups' field ids under this driver's numbering (groups name the ids that moved)."""
+        ids: dict[int, str] = {}
+        for g in self._groups:
+            for key in g.fields:
+                fid = self._numbering.id(key) if isinstance(key, str) else key
+                if fid is not None:
+                    ids[fid] = g.name
+        return ids
 
     def close(self) -> None:
         if not self._open:
@@ -755,7 +800,8 @@ class NvmlBackend:
 
     def _probe(self, gpu: _Gpu) -> None:
         """Probe the enabled groups once: the fields of all of them in one call, then each group."""
-        dev = _Probe(gpu.handle, self._probe_fields(gpu.handle), self._options)
+        dev = _Probe(gpu.handle, self._probe_fields(gpu.handle), self._options, self._numbering,
+                     gpu.identity)
         gpu.cleanups = dev.cleanups  # freed with the GPU even when it is lost while probing
         fast, slow = [], []
         for group in self._groups:
@@ -771,20 +817,20 @@ class NvmlBackend:
         gpu.mig = dev.mig if dev.features.get("mig") else None
         gpu.batches = {tier: _Batch(owners) for tier, owners in dev.used.items() if owners}
 
-    def _probe_fields(self, handle: Any) -> frozenset[int]:
-        """The enabled groups' field ids this GPU answers (one call)."""
+    def _probe_fields(self, handle: Any) -> dict[int, int | None]:
+        """The enabled groups' field ids this GPU answers (one call), with the value type each answered in."""
         ids = list(self._field_ids)
         if not ids:
-            return frozenset()
+            return {}
         try:
             values = _Batch(self._field_ids).run(handle)
         except N.NVMLError as exc:
             if exc.value in _UNSUPPORTED:
-                return frozenset()
+                return {}
             if _is_gone(exc.value):
                 raise
-            return frozenset(ids)  # transient: keep them all, errors are counted when polled
-        return frozenset(v.fieldId for v in values if v.nvmlReturn == N.NVML_SUCCESS)
+            return dict.fromkeys(ids)  # transient: keep them all, errors are counted when polled
+        return {int(v.fieldId): int(v.valueType) for v in values if v.nvmlReturn == N.NVML_SUCCESS}
 
     def _register_events(self) -> None:
         wanted = [d for d in self._devices.values() if d.events]

@@ -60,6 +60,25 @@ class Call(Protocol):
 class Device(Protocol):
     """The funnel at discovery: what a group's ``nvml`` class probes one GPU with."""
 
+    #: False on a driver branch newer than gpuwatch's table of moved field ids (groups/fieldids.py): the
+    #: ids ``field_id`` gives are then the newest numbering's, and a group checks what they answer
+    numbering_known: bool
+    #: the GPU's architecture ("hopper", "blackwell", ...; None when NVML does not say)
+    architecture: str | None
+
+    def field_id(self, name: str) -> int | None:
+        """The id of a field whose id moved between driver branches (a name in groups/fieldids.py)
+        under this driver's numbering; None where the branch has no such field."""
+        ...
+
+    def value_type(self, key: FieldKey) -> int | None:
+        """The NVML value type (NVML_VALUE_TYPE_*) the field answered in at discovery; None if unknown."""
+        ...
+
+    def reject(self, what: str, why: str) -> None:
+        """Say (once per GPU and ``what``) that a reading answered something implausible and is left out."""
+        ...
+
     def call(self, function: str, *args: Any) -> Call:
         """The NVML function ``function`` (its C name, e.g. "nvmlDeviceGetTemperatureV") with the
         handle first and ``args`` after, prepared; a few names are the funnel's own versioned
@@ -147,8 +166,9 @@ class Group:
     fast: str | None = None  # the attribute of its reading in FastSample (None: no fast reading)
     slow: str | None = None  # ... in SlowSample
     nvml: Callable[[Device], NvmlReader] | None = None
-    # field id -> what it is: every nvmlDeviceGetFieldValues id the group may read (probed at discovery)
-    fields: Mapping[int, str] = None  # type: ignore[assignment]
+    # field id -> what it is: every nvmlDeviceGetFieldValues id the group may read (probed at discovery); an id
+    # that moved between driver branches is given by its name in groups/fieldids.py and resolved per driver
+    fields: Mapping[int | str, str] = None  # type: ignore[assignment]
     render: Render | None = None
     # (GpuState, fresh fast sample, fresh slow sample) -> the two readings render() takes; default:
     # the group's attribute of each sample. For groups whose readings the store keeps (xid counts,

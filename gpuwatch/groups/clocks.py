@@ -6,9 +6,12 @@ against the supported mask read once; the cumulative throttle-time counters from
 batch. Slow tier: the video clock and the maximum clocks (nvmlDeviceGetMaxClockInfo).
 
 The time counters by default are the five nvidia-smi prints ("Clocks Event Reasons Counters"):
-sw_power_cap (74), sync_boost (76) and, since R575, sw/hw_thermal_slowdown and
-hw_power_brake_slowdown (269-271). On older drivers the thermal one is the perf-policy counter 75
-(``thermal``), which NVIDIA maps to 269: with 269 there it is not read (the same counter twice).
+sw_power_cap (74), sync_boost (76) and sw/hw_thermal_slowdown and hw_power_brake_slowdown, whose
+ids depend on the driver branch (groups/fieldids.py: 251-253 on R575 and R580 before 580.126,
+269-271 on R570 and R580.126+; none before R570). Where the branch has no SW thermal counter the
+thermal one is the perf-policy counter 75 (``thermal``), which NVIDIA maps to it: with the SW thermal
+counter there, 75 is not read (the same counter twice). On a branch newer than the table, a counter
+whose id does not answer an unsigned 64-bit value is left out (logged once), never read as time.
 The other perf-policy counters (board_limit 77, low_utilization 78, reliability 79) come with
 ``--collector.clocks.policy-counters``.
 """
@@ -20,6 +23,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuwatch.groups import fieldids
 from gpuwatch.groups.base import Call, Device, Emit, G, Group, Query, Spec
 
 CLOCKS: tuple[str, ...] = ("graphics", "sm", "memory", "video")
@@ -40,12 +44,16 @@ CLOCKS_EVENT_REASON_BITS: Mapping[str, int] = {
 }
 _KNOWN_REASON_BITS = sum(CLOCKS_EVENT_REASON_BITS.values())  # distinct bits: the sum is their union
 
-# Throttle-time counters: field id -> reason (gpuwatch_clocks_event_seconds_total{reason}), in ns.
-COUNTERS: Mapping[int, str] = {74: "sw_power_cap", 76: "sync_boost", 269: "sw_thermal_slowdown",
-                               270: "hw_thermal_slowdown", 271: "hw_power_brake_slowdown"}
-_LEGACY_THERMAL = {75: "thermal"}  # NVML_FI_DEV_PERF_POLICY_THERMAL: read only where 269 is missing
-POLICY_COUNTERS: Mapping[int, str] = {77: "board_limit", 78: "low_utilization", 79: "reliability"}
-ALL_COUNTERS: Mapping[int, str] = {**COUNTERS, **_LEGACY_THERMAL, **POLICY_COUNTERS}
+# Throttle-time counters (gpuwatch_clocks_event_seconds_total{reason}), in ns: the field (an id, or the
+# name of an id that moved between driver branches) -> reason.
+COUNTERS: Mapping[int | str, str] = {74: "sw_power_cap", 76: "sync_boost",
+                                     fieldids.SW_THERMAL_NS: "sw_thermal_slowdown",
+                                     fieldids.HW_THERMAL_NS: "hw_thermal_slowdown",
+                                     fieldids.HW_POWER_BRAKE_NS: "hw_power_brake_slowdown"}
+_THERMAL = 75  # NVML_FI_DEV_PERF_POLICY_THERMAL: read where the branch has no SW thermal counter
+_LEGACY_THERMAL: Mapping[int | str, str] = {_THERMAL: "thermal"}
+POLICY_COUNTERS: Mapping[int | str, str] = {77: "board_limit", 78: "low_utilization", 79: "reliability"}
+ALL_COUNTERS: Mapping[int | str, str] = {**COUNTERS, **_LEGACY_THERMAL, **POLICY_COUNTERS}
 CLOCKS_EVENT_TIME_REASONS: tuple[str, ...] = tuple(ALL_COUNTERS.values())
 
 
@@ -100,12 +108,22 @@ class Nvml:
                 value = None
             self.supported_reasons = int(value) if value is not None else _KNOWN_REASON_BITS
         wanted = dict(COUNTERS)
-        if not dev.has_field(269):
-            wanted.update(_LEGACY_THERMAL)
         if dev.option("policy-counters"):
             wanted.update(POLICY_COUNTERS)
-        self.counters = tuple((fid, reason) for fid, reason in ALL_COUNTERS.items()
-                              if fid in wanted and dev.field(fid, "fast"))
+        counters: list[tuple[int, str]] = []
+        for key, reason in ALL_COUNTERS.items():
+            fid = dev.field_id(key) if isinstance(key, str) else key
+            if key not in wanted or fid is None or not dev.has_field(fid):
+                continue
+            if isinstance(key, str) and not dev.numbering_known and \
+                    dev.value_type(fid) not in (None, fieldids.VALUE_TYPE_UNSIGNED_LONG_LONG):
+                dev.reject(f"{reason} throttle time (field {fid})",
+                           f"answered value type {dev.value_type(fid)}, not an unsigned 64-bit count of nanoseconds")
+                continue
+            counters.append((fid, reason))
+        if not any(reason == "sw_thermal_slowdown" for _, reason in counters) and dev.has_field(_THERMAL):
+            counters.append((_THERMAL, _LEGACY_THERMAL[_THERMAL]))
+        self.counters = tuple((fid, reason) for fid, reason in counters if dev.field(fid, "fast"))
         dev.feature("clocks_event_reasons", self.reasons is not None)
         dev.feature("clocks_event_time", bool(self.counters))
 
@@ -166,7 +184,7 @@ GROUP = Group(
     fast="clocks",
     slow="clocks",
     nvml=Nvml,
-    fields={fid: f"{reason} throttle time" for fid, reason in ALL_COUNTERS.items()},
+    fields={key: f"{reason} throttle time" for key, reason in ALL_COUNTERS.items()},
     render=render,
     specs=(
         Spec("gpuwatch_clock_hertz", "gauge", G + ("clock",),

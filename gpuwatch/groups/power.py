@@ -3,7 +3,11 @@
 Fast tier: the average power draw from field 185 (NVML_FI_DEV_POWER_AVERAGE, scope GPU, R535+) in the
 tier's one field-values batch, else nvmlDeviceGetPowerUsage; energy from field 83; the P-state from
 nvmlDeviceGetPerformanceState. Slow tier: nvmlDeviceGetEnforcedPowerLimit,
-GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints.
+GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints; on Blackwell boards with power
+smoothing, the smoothing circuitry's remaining lifetime in percent (field
+NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, whose id depends on the driver branch:
+258 on R570 and R580.126+, 263 on R575/R580.65; groups/fieldids.py). A lifetime outside 0-100 % is
+not exported (logged once): on a branch newer than gpuwatch's table that id may mean something else.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuwatch.groups import fieldids
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 
 _ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
@@ -27,6 +32,14 @@ class Power:
 @dataclass(frozen=True, slots=True)
 class PowerLimits:
     power_limit_watts: Mapping[str, float] = field(default_factory=dict)  # enforced, default, min, max
+    power_smoothing_lifetime_ratio: float | None = None  # remaining lifetime of the smoothing circuitry, 0-1
+
+
+def _percent(value: float | int | None) -> float | None:
+    """A percentage NVML reported, as a ratio; None when it is not one (0-100)."""
+    if value is None or not 0 <= value <= 100:
+        return None
+    return float(value) / 100.0
 
 
 class Nvml:
@@ -41,9 +54,23 @@ class Nvml:
                   ("default", dev.call("nvmlDeviceGetPowerManagementDefaultLimit")),
                   ("constraints", dev.call("nvmlDeviceGetPowerManagementLimitConstraints")))
         self.limits = tuple((name, call) for name, call in limits if dev.supported(call))
+        self.lifetime = self._lifetime(dev)
         dev.feature("power", self.average or self.usage is not None)
         dev.feature("energy", self.energy)
         dev.feature("power_limit", any(name == "enforced" for name, _ in self.limits))
+        dev.feature("power_smoothing", self.lifetime is not None)
+
+    @staticmethod
+    def _lifetime(dev: Device) -> int | None:
+        """The field id of the smoothing circuitry's lifetime, where the GPU answers it plausibly."""
+        fid = dev.field_id(fieldids.POWER_SMOOTHING_LIFETIME)
+        if fid is None or not dev.has_field(fid):
+            return None
+        value = dev.values([fid]).get(fid)
+        if value is not None and _percent(value) is None:
+            dev.reject(f"power smoothing lifetime (field {fid})", f"answered {value!r}, not a percentage 0-100")
+            return None
+        return fid if dev.field(fid, "slow") else None
 
     def read_fast(self, q: Query) -> Power:
         mw = q.field(_POWER_AVERAGE) if self.average else (q(self.usage) if self.usage is not None else None)
@@ -62,7 +89,8 @@ class Nvml:
                 limits["min"], limits["max"] = value[0] / 1000.0, value[1] / 1000.0
             else:
                 limits[name] = value / 1000.0
-        return PowerLimits(limits)
+        lifetime = None if self.lifetime is None else _percent(q.field(self.lifetime))
+        return PowerLimits(limits, lifetime)
 
 
 def render(emit: Emit, fast: Power | None, slow: PowerLimits | None) -> None:
@@ -73,16 +101,18 @@ def render(emit: Emit, fast: Power | None, slow: PowerLimits | None) -> None:
     if slow is not None:
         for name, watts in slow.power_limit_watts.items():
             emit("gpuwatch_power_limit_watts", (name,), watts)
+        emit("gpuwatch_power_smoothing_lifetime_remaining_ratio", (), slow.power_smoothing_lifetime_ratio)
 
 
 GROUP = Group(
     name="power",
     help="power draw, energy counter, P-state and power limits",
-    features=("energy", "power", "power_limit"),
+    features=("energy", "power", "power_limit", "power_smoothing"),
     fast="power",
     slow="power",
     nvml=Nvml,
-    fields={_ENERGY: "energy", _POWER_AVERAGE: "average power"},
+    fields={_ENERGY: "energy", _POWER_AVERAGE: "average power",
+            fieldids.POWER_SMOOTHING_LIFETIME: "power smoothing circuitry lifetime remaining"},
     render=render,
     specs=(
         Spec("gpuwatch_power_watts", "gauge", G,
@@ -94,6 +124,9 @@ GROUP = Group(
         Spec("gpuwatch_energy_joules_total", "counter", G,
              "Energy consumed since the driver was loaded, in joules; resets on driver reload "
              "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)."),
+        Spec("gpuwatch_power_smoothing_lifetime_remaining_ratio", "gauge", G,
+             "Remaining lifetime of the power-smoothing circuitry, 1 = new (Blackwell; field "
+             "NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, id by driver branch; XIDs 164/165)."),
         Spec("gpuwatch_performance_state", "gauge", G,
              "Performance state 0-15, 0 = maximum performance (nvmlDeviceGetPerformanceState; 'Performance State')."),
     ),

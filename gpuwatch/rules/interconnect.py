@@ -55,7 +55,11 @@ def _nvlink_link_down(window: Window, uuid: str, config: RuleConfig) -> Observat
 
 # --------------------------------------------------------------------------------- errors
 
-_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+_KINDS = ("crc_flit", "crc_data", "replay", "recovery")  # before Blackwell: rates against limits
+# NVLink5 (Blackwell): any failed recovery or packet error is a failure (DCGM's health watch: an increase of
+# 1); successful recoveries and effective errors count against their rate limits
+_ANY = ("recovery_failed", "malformed_packet", "buffer_overrun", "receive", "remote", "general",
+        "local_link_integrity")
 
 
 def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[str, int]]:
@@ -64,12 +68,12 @@ def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[
     points = [(t, s.nvlink.nvlink_errors) for t, s in history.items[lo:] if s.nvlink.nvlink_errors]
     if len(points) < 2:
         return len(points), 0.0, {}
-    increase = dict.fromkeys(_KINDS, 0)
+    increase: dict[str, int] = {}
     for (_, before), (_, after) in zip(points, points[1:]):
-        for kind in _KINDS:
-            b, a = before.get(kind), after.get(kind)
-            if a is not None and b is not None:
-                increase[kind] += a - b if a >= b else a
+        for kind, a in after.items():
+            b = before.get(kind)
+            if b is not None:
+                increase[kind] = increase.get(kind, 0) + (a - b if a >= b else a)
     return len(points), points[-1][0] - points[0][0], increase
 
 
@@ -79,18 +83,29 @@ def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Obse
         return None
     lookback = config["lookback_seconds"]
     readings, span, increase = window.slow_history(uuid).derive(_increases, _increases, window.since(lookback))
-    if readings < 2 or span < lookback / 5:
+    ber = slow.nvlink.nvlink_bit_error_rate.get("effective")
+    ber_limit = config["max_effective_ber"]
+    ber_bad = ber is not None and ber > ber_limit
+    if (readings < 2 or span < lookback / 5) and not ber_bad:
         return None
-    per_minute = {kind: n / span * 60.0 for kind, n in increase.items()}
-    crc = per_minute["crc_flit"] + per_minute["crc_data"]
-    # each rate against its own limit; recovery (a link retrained) weighs most: its limit is the lowest
+    per_minute = {kind: n / span * 60.0 for kind, n in increase.items()} if span > 0 else {}
+    rate = per_minute.get
     limit = _positive
-    score = max(crc / limit(config["crc_per_minute"]), per_minute["replay"] / limit(config["replay_per_minute"]),
-                per_minute["recovery"] / limit(config["recovery_per_minute"]))
+    # each rate against its own limit; recovery (a link retrained) weighs most: its limit is the lowest
+    score = max(
+        (rate("crc_flit", 0.0) + rate("crc_data", 0.0)) / limit(config["crc_per_minute"]),
+        rate("replay", 0.0) / limit(config["replay_per_minute"]),
+        rate("recovery", 0.0) / limit(config["recovery_per_minute"]),
+        rate("recovery_successful", 0.0) / limit(config["recovery_per_minute"]),
+        rate("effective", 0.0) / limit(config["effective_per_minute"]),
+        float(any(increase.get(kind, 0) > 0 for kind in _ANY)),
+        (ber or 0.0) / limit(ber_limit),
+    )
 
     def summary() -> str:
-        rising = ", ".join(f"{kind} {rate:.1f}/min" for kind, rate in per_minute.items() if rate > 0) or "none"
-        return f"{gpu_label(window, uuid)} NVLink errors over the last {span / 60:.0f} min: {rising}"
+        rising = ", ".join(f"{kind} {r:.1f}/min" for kind, r in per_minute.items() if r > 0) or "none"
+        ber_text = "" if ber is None else f"; effective BER {ber:.1e}"
+        return f"{gpu_label(window, uuid)} NVLink errors over the last {span / 60:.0f} min: {rising}{ber_text}"
 
     return Observation(score >= 1.0, score, 1.0, summary)
 
@@ -162,10 +177,12 @@ RULES: tuple[Rule, ...] = (
         every_seconds=10.0,
         condition="The NVLink error totals grow over the lookback faster than crc_per_minute (flit + data CRC), "
                   "replay_per_minute or recovery_per_minute (a link retrained: the lowest limit); a single "
-                  "replay never fires.",
+                  "replay never fires; on NVLink5 (Blackwell): any failed link recovery or packet error, successful "
+                  "recoveries faster than recovery_per_minute, effective errors faster than effective_per_minute, "
+                  "or an effective bit error rate above max_effective_ber (DCGM's 1e-12).",
         evaluate=_nvlink_errors_rising,
         params={"lookback_seconds": 300.0, "crc_per_minute": 10.0, "replay_per_minute": 10.0,
-                "recovery_per_minute": 1.0},
+                "recovery_per_minute": 1.0, "effective_per_minute": 10.0, "max_effective_ber": 1e-12},
         applies=needs("nvlink"),
         lookback={"lookback_seconds": "slow"},
     ),

@@ -1,4 +1,5 @@
-"""Power and clock rules: power brake, unexplained HW slowdown, running at the power cap.
+"""Power and clock rules: power brake, unexplained HW slowdown, running at the power cap, a worn power-smoothing
+circuit.
 
 The clock-event reason bits are sampled once a poll, and HW slowdown "may also flash briefly
 during P-state/clock changes" (nvml.md §5), so these rules look at the share of a window rather
@@ -73,6 +74,20 @@ def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation 
     return Observation(share >= config["min_share"], share, config["min_share"], summary)
 
 
+def _power_smoothing_worn(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = window.slow(uuid)
+    state = window.gpu(uuid)
+    if slow is None or state is None or not state.up:
+        return None
+    left = slow.power.power_smoothing_lifetime_ratio
+    if left is None:
+        return None
+    limit = config["min_lifetime_ratio"]
+    return Observation(left < limit, left, limit,
+                       lambda: f"{gpu_label(window, uuid)} power-smoothing circuitry at {left * 100:.0f}% of its "
+                               f"lifetime (warning below {limit * 100:.0f}%)")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         id="power_brake",
@@ -114,5 +129,19 @@ RULES: tuple[Rule, ...] = (
         params={"window_seconds": 60.0, "min_share": 0.5},
         applies=needs("clocks_event_reasons"),
         lookback={"window_seconds": "fast"},
+    ),
+    Rule(
+        id="power_smoothing_worn",
+        scope="gpu",
+        severity="warning",
+        hold_seconds=0.0,
+        clear_seconds=60.0,
+        every_seconds=10.0,
+        condition="The power-smoothing circuitry of a Blackwell board reports less than min_lifetime_ratio of its "
+                  "lifetime left (the driver's XID 164 'low lifetime' comes near the end, XID 165 when it is "
+                  "exhausted and power smoothing stops).",
+        evaluate=_power_smoothing_worn,
+        params={"min_lifetime_ratio": 0.10},
+        applies=needs("power_smoothing"),
     ),
 )

@@ -164,7 +164,7 @@ VALUE_TYPES = ("d", "ui", "ul", "ull", "sll", "si", "us")
 
 # C limits (keep in sync with fake_nvml.c).
 MAX_GPUS = 64
-MAX_FIELDS = 256
+MAX_FIELDS = 1024
 MAX_GPM = 48
 MAX_MIG = 7
 MAX_MIG_GPM = 16
@@ -431,7 +431,10 @@ class FakeGpu:
     ecc_errors: dict[tuple[int, int], int] | None = None  # (errType 0 SBE/1 DBE, counter 0 VOL/1 AGG)
     remapped_rows: tuple[int, int, int, int] | None = None  # (corr, unc, pending, failure)
     retired_pages_pending: int | None = None
-    throttle_ns: dict[int, int] = field(default_factory=dict)  # field id (74-79, 269-271) -> ns
+    # field id (74-79, 269-271: the R580.126+ numbering; written under the node's driver branch's ids) -> ns
+    throttle_ns: dict[int, int] = field(default_factory=dict)
+    # power smoothing (Blackwell), by its R580.126+ id (251 enabled, 258 HW circuitry % lifetime remaining, ...)
+    power_smoothing: dict[int, int] = field(default_factory=dict)
 
     # data-center depth (SXM boards on NVSwitch): GPM, NVLink, fabric
     gpm: dict[int, float] | None = None  # GPM metric id -> value (% or MiB/s); None: no GPM (pre-Hopper)
@@ -440,6 +443,11 @@ class FakeGpu:
     # (fields 38, 45, 52, 59, 160) are their sums, replay/recovery/crc_flit also per link (161-163)
     nvlink_errors: dict[str, list[int]] = field(default_factory=dict)
     nvlink_traffic_kib: tuple[int, int] | None = None  # (tx, rx) data KiB over all links (fields 138/139)
+    # NVLink5 (Blackwell): counter name (NVLINK5_FIELDS) -> per-link counts, answered per link (scopeId =
+    # link) and, with nvlink5_aggregate, as the device total (scopeId 0xFFFFFFFF); BER name -> packed value
+    nvlink5_errors: dict[str, list[int]] = field(default_factory=dict)
+    nvlink5_ber: dict[str, int] = field(default_factory=dict)
+    nvlink5_aggregate: bool = True
     # link -> (remote device type: 0 GPU, 2 NVSwitch; the remote end's PCI bus id)
     nvlink_remotes: dict[int, tuple[int, str]] = field(default_factory=dict)
     fabric: tuple[int, int, int, int] | None = None  # (state 0-3, status, cliqueId, healthMask); None: no fabric
@@ -522,17 +530,22 @@ class FakeGpu:
 
     # -- derived field values ----------------------------------------------
 
-    def field_values(self) -> dict[int | tuple[int, int], tuple[str, int | float]]:
-        """The nvmlDeviceGetFieldValues entries this GPU reports (id or (id, scopeId) -> (type, value))."""
+    def field_values(self, driver_version: str = "590.48.01") -> dict[int | tuple[int, int], tuple[str, int | float]]:
+        """The nvmlDeviceGetFieldValues entries this GPU reports (id or (id, scopeId) -> (type, value)),
+        the ids that moved between driver branches numbered as ``driver_version``'s branch numbers them."""
         out: dict[int | tuple[int, int], tuple[str, int | float]] = {}
+        ids = branch_ids(driver_version)
         if self.ecc_errors is not None:
             for fid, key in ((3, (0, 0)), (4, (1, 0)), (5, (0, 1)), (6, (1, 1))):
                 if key in self.ecc_errors:
                     out[fid] = ("ull", self.ecc_errors[key])
         if self.retired_pages_pending is not None:
             out[31] = ("ui", self.retired_pages_pending)
-        for fid, ns in self.throttle_ns.items():
-            out[int(fid)] = ("ull", ns)
+        for kind, moved in (("ull", self.throttle_ns), ("ui", self.power_smoothing)):
+            for fid, value in moved.items():
+                target = ids.get(int(fid), int(fid))
+                if target is not None:
+                    out[target] = (kind, value)
         if self.memory_temperature is not None:
             out[82] = ("ui", self.memory_temperature)
         if self.energy_mj is not None:
@@ -557,6 +570,18 @@ class FakeGpu:
                 if name in NVLINK_LINK_FIELDS:
                     for link, n in enumerate(counts):
                         out[_field_key((NVLINK_LINK_FIELDS[name], link))] = ("ull", n)
+        for name, counts in self.nvlink5_errors.items():
+            fid = NVLINK5_FIELDS[name]
+            for link, n in enumerate(counts):
+                out[_field_key((fid, link))] = ("ull", n)
+            if self.nvlink5_aggregate:
+                out[(fid, ALL_LINKS)] = ("ull", sum(counts))
+        for name, packed in self.nvlink5_ber.items():
+            fid = NVLINK5_FIELDS[name + "_ber"]
+            for link in range(len(self.nvlink_states)):
+                out[_field_key((fid, link))] = ("ull", packed)
+            if self.nvlink5_aggregate:
+                out[(fid, ALL_LINKS)] = ("ull", packed)
         if self.nvlink_traffic_kib is not None:
             out[(138, ALL_LINKS)] = ("ull", self.nvlink_traffic_kib[0])
             out[(139, ALL_LINKS)] = ("ull", self.nvlink_traffic_kib[1])
@@ -565,8 +590,8 @@ class FakeGpu:
 
     # -- serialization -----------------------------------------------------
 
-    def lines(self, index: int) -> list[str]:
-        """State-file lines for this GPU as GPU ``index``."""
+    def lines(self, index: int, driver_version: str = "590.48.01") -> list[str]:
+        """State-file lines for this GPU as GPU ``index`` of a node whose driver is ``driver_version``."""
         L = [f"gpu {index}"]
 
         def put(key: str, *vals) -> None:
@@ -634,7 +659,7 @@ class FakeGpu:
             put("remapped_rows", *self.remapped_rows)
         put("retired_pages_pending", self.retired_pages_pending)
         put_hex("supported_event_types", self.supported_event_types)
-        fv = self.field_values()
+        fv = self.field_values(driver_version)
         if len(fv.keys() | self.field_errors.keys()) > MAX_FIELDS:
             raise ValueError(f"at most {MAX_FIELDS} field ids per GPU")
         for key, (typ, val) in sorted(fv.items(), key=lambda kv: _scoped(kv[0])):
@@ -688,6 +713,44 @@ class FakeGpu:
 ALL_LINKS = 0xFFFFFFFF  # scopeId of the NVLink throughput fields: every link
 NVLINK_TOTAL_FIELDS = {"crc_flit": 38, "crc_data": 45, "replay": 52, "recovery": 59, "ecc_data": 160}
 NVLINK_LINK_FIELDS = {"replay": 161, "recovery": 162, "crc_flit": 163}  # NVML_FI_DEV_NVLINK_ERROR_DL_*
+
+
+# NVLink5 counters (NVML_FI_DEV_NVLINK_COUNT_*), by the names gpuwatch exports them under
+NVLINK5_FIELDS = {"malformed_packet": 206, "buffer_overrun": 207, "receive": 208, "remote": 209, "general": 210,
+                  "local_link_integrity": 211, "transmit_discards": 212, "recovery_successful": 213,
+                  "recovery_failed": 214, "recovery": 215, "effective": 219, "effective_ber": 220, "symbol": 221,
+                  "symbol_ber": 222}
+
+
+def pack_ber(mantissa: int, exponent: int) -> int:
+    """A BER as NVML packs it (NVML_NVLINK_ERROR_COUNTER_BER_GET): mantissa in bits 8-11, exponent in bits 0-7,
+    BER = mantissa x 10^-exponent; pack_ber(15, 255) is "no errors"."""
+    return (mantissa & 0xF) << 8 | exponent & 0xFF
+
+
+def branch_ids(driver_version: str) -> dict[int, int | None]:
+    """How a driver branch numbers the field ids that moved, from the R580.126+ numbering (the CUDA 13.1.2+
+    headers) to the branch's own; None: the branch has no such field. Written from the headers' history
+    (shared/reference/nvml-generations-and-peers-2026.md §2.2), independently of gpuwatch's own table.
+
+    - R575 and R580 before 580.126 (CUDA 12.9/13.0): throttle counters 269-271 at 251-253, power-sync
+      balancing 272-273 at 254-255, power smoothing 251-268 at 256-273.
+    - R570 (CUDA 12.8): the R580.126+ numbering.
+    - before R570: no power smoothing, no throttle counters past 79; R555/R560 (CUDA 12.5/12.6) swap 199/200.
+    """
+    parts = [int(p) for p in re.findall(r"\d+", driver_version)[:2]] + [0, 0]
+    major, minor = parts[0], parts[1]
+    moved = range(251, 274)
+    if major < 570:
+        ids: dict[int, int | None] = dict.fromkeys(moved)
+        if major in (555, 560):
+            ids.update({199: 200, 200: 199})
+        return ids
+    if major == 575 or (major == 580 and minor < 126):
+        ids = {269: 251, 270: 252, 271: 253, 272: 254, 273: 255}
+        ids.update({fid: fid + 5 for fid in range(251, 269)})
+        return ids
+    return {}
 
 
 def _field_key(key: int | tuple[int, int]) -> int | tuple[int, int]:
@@ -750,6 +813,13 @@ class FakeNode:
     @classmethod
     def h100(cls, count: int = 8, **node_kw) -> FakeNode:
         return cls.from_profiles(["h100"] * count, **node_kw)
+
+    @classmethod
+    def b200(cls, count: int = 8, **node_kw) -> FakeNode:
+        """``count`` HGX B200 GPUs (NVLink5) on an R580.126+ driver (580.126.09) unless ``driver_version`` says."""
+        node_kw.setdefault("driver_version", "580.126.09")
+        node_kw.setdefault("nvml_version", "13.580.126.09")
+        return cls.from_profiles(["b200"] * count, **node_kw)
 
     @classmethod
     def h100_mig(cls, count: int = 1, **node_kw) -> FakeNode:
@@ -858,7 +928,7 @@ class FakeNode:
         for sym, ms in sorted(self.blocks.items()):
             L.append(f"block {_check_symbol(sym)} {int(ms)}")
         for i, g in enumerate(self.gpus):
-            L.extend(g.lines(i))
+            L.extend(g.lines(i, self.driver_version))
         return "\n".join(L) + "\n"
 
     def write(self, path: os.PathLike | str) -> pathlib.Path:
@@ -1002,6 +1072,67 @@ def _h200(index: int) -> FakeGpu:
         nvlink_traffic_kib=(1_234_567, 1_198_765),
         # every link to one of the four NVSwitches of the HGX baseboard
         nvlink_remotes={link: (2, f"00000000:{0x05 + link % 4:02X}:00.0") for link in range(18)},
+        fabric=(3, 0, 0, 0),
+        fabric_cluster_uuid="0" * 32,
+    )
+
+
+def _b200(index: int) -> FakeGpu:
+    """HGX B200 (SXM, Blackwell, 18 NVLink5 links to the NVSwitches), values from NVIDIA's mock B200
+    profile (k8s-test-infra): 192 GiB HBM3e, 1,000 W (400-1,200 W), no fans. A real Blackwell driver
+    answers the NVLink DL counters (161-163, and the pre-NVLink5 totals) NOT_SUPPORTED: the NVLink5
+    counters 206-222 replace them, as device totals (scopeId 0xFFFFFFFF) and per link."""
+    return FakeGpu(
+        **_identity("b200", index),
+        name="NVIDIA B200",
+        vbios="96.00.A0.00.01",
+        architecture=10,
+        brand=14,
+        persistence=1,
+        pci_device_id=0x234010DE,
+        pci_subsystem_id=0x181810DE,
+        cuda_cc=(10, 0),
+        temperature=35,
+        margin_temperature=50,
+        memory_temperature=33,
+        thresholds={},
+        tlimit_thresholds=(-5, 0, 5, 5),
+        power_mw=130_000,
+        energy_mj=900_000,
+        power_limit_mw=1_000_000,
+        enforced_power_limit_mw=1_000_000,
+        default_power_limit_mw=1_000_000,
+        power_limit_constraints_mw=(400_000, 1_200_000),
+        pstate=0,
+        utilization=(0, 0),
+        memory_total=196_608 * MIB,
+        memory_reserved=1024 * MIB,
+        memory_used=0,
+        clocks=[345, 345, 2500, 1200],
+        max_clocks=[2100, 2100, 2500, 2100],
+        clocks_event_reasons=0x1,
+        supported_clocks_event_reasons=0x1FF,
+        pcie_gen=6,
+        pcie_width=16,
+        pcie_max_gen=6,
+        pcie_max_width=16,
+        pcie_replay=0,
+        ecc_mode=(1, 1),
+        ecc_errors={(0, 0): 0, (1, 0): 0, (0, 1): 0, (1, 1): 0},
+        remapped_rows=(0, 0, 0, 0),
+        retired_pages_pending=None,
+        throttle_ns=dict(_ZERO_THROTTLE),
+        power_smoothing={251: 1, 258: 97},
+        supported_event_types=EVENT_SBE | EVENT_DBE | EVENT_PSTATE | EVENT_XID | EVENT_MIG_CONFIG,
+        gpm=dict(GPM_IDLE),
+        nvlink_states=[1] * 18,
+        nvlink5_errors={name: [0] * 18 for name in ("recovery_successful", "recovery_failed", "recovery", "effective",
+                                                     "symbol", "malformed_packet", "buffer_overrun", "receive",
+                                                     "remote", "general", "local_link_integrity",
+                                                     "transmit_discards")},
+        nvlink5_ber={"effective": pack_ber(15, 255), "symbol": pack_ber(15, 255)},
+        nvlink_traffic_kib=(2_345_678, 2_301_234),
+        nvlink_remotes={link: (2, f"00000000:{0x05 + link % 2:02X}:00.0") for link in range(18)},
         fabric=(3, 0, 0, 0),
         fabric_cluster_uuid="0" * 32,
     )
@@ -1160,6 +1291,7 @@ def _rtx2080s(index: int) -> FakeGpu:
 PROFILES = {
     "h200": _h200,
     "h100": _h100,
+    "b200": _b200,
     "h100-mig": _h100_mig,
     "l40s": _l40s,
     "rtx": _rtx4080s,

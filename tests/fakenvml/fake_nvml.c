@@ -450,7 +450,7 @@ static inline void count_cpu(void)
 
 #define MAX_GPUS 64
 #define MAX_FANS 16
-#define MAX_FIELDS 256
+#define MAX_FIELDS 1024
 #define MAX_GPM 48
 #define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
 #define MAX_MIG 7    /* MIG devices per GPU (NVML_MAX_MIG_DEVICES_PER_GPU... on an H100: 7) */

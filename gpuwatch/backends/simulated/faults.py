@@ -45,6 +45,7 @@ class Health:
     retired_pages_pending: bool = False
     pcie_replays: float = 0.0
     nvlink_errors: dict[str, float] = field(default_factory=dict)  # error kind -> count over the links
+    power_smoothing_percent: float | None = None  # worn power-smoothing circuitry: % left (None: the profile's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +289,14 @@ def _retired_pages_onset(fault: Fault, health: Health, _profile: Profile) -> Non
     health.retired_pages_pending = True
 
 
+def _power_smoothing_worn_onset(fault: Fault, health: Health, _profile: Profile) -> None:
+    health.power_smoothing_percent = fault.params["percent"]
+
+
+def _power_smoothing_serviced(_fault: Fault, health: Health, _profile: Profile) -> None:
+    health.power_smoothing_percent = None
+
+
 def _reset_end(_fault: Fault, health: Health, _profile: Profile) -> None:
     # The end of the window is the GPU reset (or reboot) that applies the remap or retirement:
     # pending clears and the volatile counters start again from 0.
@@ -470,6 +479,15 @@ FAULT_KINDS: dict[str, FaultKind] = {
         requires=("ecc", "retired_pages"),
         onset=_retired_pages_onset,
         end=_reset_end,
+        xid=_xid_param,
+    ),
+    "power_smoothing_worn": FaultKind(
+        "The power-smoothing circuitry of a Blackwell board reports `percent` % of its lifetime left (XID `xid`, "
+        "164: low lifetime) until the end of the window (the board serviced).",
+        params={"percent": 6.0, "xid": 164.0},
+        requires=("power_smoothing",),
+        onset=_power_smoothing_worn_onset,
+        end=_power_smoothing_serviced,
         xid=_xid_param,
     ),
     "backend_down": FaultKind(

@@ -13,6 +13,7 @@ from gpuwatch.backends.simulated.profiles import _ALL_REASONS, _MIB, Profile, _f
 from gpuwatch.groups import fast_sample, slow_sample
 from gpuwatch.groups.mig import MigInstance, MigReading
 from gpuwatch.groups.nvlink import ERRORS as NVLINK_ERRORS
+from gpuwatch.groups.nvlink import NVLINK5_ERRORS
 from gpuwatch.model import (
     CLOCKS,
     CLOCKS_EVENT_REASON_BITS,
@@ -102,6 +103,7 @@ class _Gpu:
     # GPM: this step's activity (ratios) and the traffic integrated so far (bytes)
     sm_active: float = 0.0
     nvlink_down: tuple[int, ...] = ()
+    nvlink_storm: bool = False  # flit errors accruing now (NVLink5: the effective bit error rate is high)
     fabric_state: str = "completed"
     fabric_issues: tuple[str, ...] = ()
     mig_idle: tuple[int, ...] = ()
@@ -251,6 +253,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     g.pcie_bytes["tx"] += pcie * 0.4
     g.pcie_bytes["rx"] += pcie
     g.nvlink_down, g.fabric_state, g.fabric_issues = c.nvlink_down, c.fabric_state or "completed", c.fabric_issues
+    g.nvlink_storm = c.nvlink_errors_per_second.get("crc_flit", 0.0) > 0
     g.mig_idle = c.mig_idle
     for error, rate in c.nvlink_errors_per_second.items():
         g.health.nvlink_errors[error] = g.health.nvlink_errors.get(error, 0.0) + rate * dt
@@ -378,6 +381,9 @@ def _slow_sample(g: _Gpu) -> SlowSample:
         clock_hertz={"video": (p.clock_max_mhz if g.busy else p.clock_idle_mhz)["video"] * 1e6},
         temperature_margin_threshold_celsius=margin_thresholds,
         power_limit_watts=dict(p.power_limit_watts),
+        power_smoothing_lifetime_ratio=None if p.power_smoothing_lifetime_percent is None
+        else (p.power_smoothing_lifetime_percent if h.power_smoothing_percent is None
+              else h.power_smoothing_percent) / 100.0,
         clock_max_hertz={name: mhz * 1e6 for name, mhz in p.clock_max_mhz.items()},
         ecc_errors=dict(h.ecc) if p.ecc else {},
         remapped_rows=dict(h.remapped_rows) if p.remapped_rows else {},
@@ -407,12 +413,26 @@ def _fabric(g: _Gpu) -> dict[str, object]:
                 fabric_cluster_uuid="00000000-0000-0000-0000-000000000000", fabric_clique_id=0)
 
 
+# What a marginal link's errors are on NVLink5: the flit errors that FEC could not correct are effective errors
+# (and raise the effective bit error rate), replays show as corrected symbol errors, retrainings as recoveries.
+_NVLINK5_KINDS = {"effective": "crc_flit", "symbol": "replay", "recovery_successful": "recovery"}
+_STORM_BER = 4e-12  # effective BER while effective errors accrue (DCGM fails a link above 1e-12)
+
+
 def _nvlink(g: _Gpu) -> dict[str, object]:
     links = g.profile.nvlink_links
+    errors = g.health.nvlink_errors
+    if g.profile.nvlink_generation >= 5:
+        counts = {kind: int(errors.get(_NVLINK5_KINDS.get(kind, kind), 0.0)) for kind in NVLINK5_ERRORS}
+        ber = {"effective": _STORM_BER if g.nvlink_storm else 0.0}
+        nvlink5: dict[str, object] = dict(nvlink_bit_error_rate=ber, nvlink_generation=5)
+    else:
+        counts = {kind: int(errors.get(kind, 0.0)) for kind in NVLINK_ERRORS}
+        nvlink5 = {}
     return dict(
+        **nvlink5,
         nvlink_up={str(link): link not in g.nvlink_down for link in range(links)},
-        nvlink_errors={kind: int(g.health.nvlink_errors.get(kind, 0.0))
-                       for kind in NVLINK_ERRORS},
+        nvlink_errors=counts,
         nvlink_traffic_bytes={d: float(round(v / 1024) * 1024) for d, v in g.nvlink_bytes.items()},
         nvlink_up_at_discovery={str(link): True for link in range(links)},
         nvlink_remote={str(link): f"NVSwitch 00000000:{0x05 + link % 4:02X}:00.0" for link in range(links)},

@@ -76,6 +76,8 @@ class Profile:
     # MIG instances (GPU instance id, profile, frame buffer MiB); with MIG on, the GPU has no utilization
     # and no device-level GPM (per instance only) and NVLink is not reported
     mig_instances: tuple[tuple[int, str, int], ...] = ()
+    nvlink_generation: int = 4  # 5: NVLink5 error counters and bit error rate (Blackwell)
+    power_smoothing_lifetime_percent: float | None = None  # Blackwell power-smoothing circuitry, % left
 
     @property
     def features(self) -> dict[str, bool]:
@@ -101,6 +103,7 @@ class Profile:
             "nvlink": self.nvlink_links > 0,
             "fabric": self.fabric,
             "mig": bool(self.mig_instances),
+            "power_smoothing": self.power_smoothing_lifetime_percent is not None,
         }
         return {feature: supported[feature] for feature in FEATURES}
 
@@ -246,7 +249,37 @@ H100_MIG = dataclasses.replace(
     mig_instances=((2, "3g.40gb", 40448), (3, "2g.20gb", 20096), (9, "1g.10gb", 9984), (10, "1g.10gb", 9984)),
 )
 
-PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG)}
+# HGX B200: Blackwell, 18 NVLink5 links at 53.125 GB/s to the NVSwitches, liquid-cooled; the values of NVIDIA's
+# mock B200 profile (k8s-test-infra: 192 GiB HBM3e, 1,000 W default, 400-1,200 W, 35 °C idle at 130 W) and of
+# NVIDIA's Health Validation NVLink check (18 x 53,125 MB/s).
+B200 = dataclasses.replace(
+    H200,
+    key="b200",
+    name="NVIDIA B200",
+    architecture="blackwell",
+    vbios_version="96.00.A0.00.01",
+    serial_prefix="1562",
+    memory_total_mib=196608,
+    memory_reserved_mib=1024,
+    idle_watts=130.0,
+    full_load_watts=1050.0,
+    power_limit_watts={"enforced": 1000.0, "default": 1000.0, "min": 400.0, "max": 1200.0},
+    clock_max_mhz={"graphics": 2100.0, "sm": 2100.0, "memory": 2500.0, "video": 2100.0},
+    clock_idle_mhz={"graphics": 345.0, "sm": 345.0, "memory": 2500.0, "video": 1200.0},
+    resistance_fans_stopped=0.038,
+    resistance_fans_full=0.038,
+    gpu_max_celsius=85.0,
+    slowdown_celsius=90.0,
+    shutdown_celsius=95.0,
+    memory_temperature=(20.0, 0.375),
+    pcie_max_generation=6,
+    pcie_idle_generation=6,
+    nvlink_gbps=53.125,
+    nvlink_generation=5,
+    power_smoothing_lifetime_percent=97.0,
+)
+
+PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG, B200)}
 
 
 def _fan_curve(temperature: float) -> float:

@@ -221,6 +221,16 @@ def scenarios() -> dict[str, Scenario]:
             "4 minutes later.",
             "h200", [Fault("nvlink_crc_storm", 1, 120, 480)],
             gpu=1, latency=90, end=480, recovery=300, duration=1200.0),
+        one("nvlink_errors_rising-nvlink5",
+            "HGX B200 GPU 1's NVLink5 links take 120 effective errors and 2 recoveries a minute, with an effective "
+            "bit error rate above 1e-12, from 2 to 8 min; the rates fall below the limits some 4 minutes later.",
+            "b200", [Fault("nvlink_crc_storm", 1, 120, 480, {"recovery_per_minute": 2.0})],
+            gpu=1, latency=90, end=480, recovery=300, duration=1200.0),
+        one("power_smoothing_worn",
+            "HGX B200 GPU 2's power-smoothing circuitry reports 6 % of its lifetime left at 2 min (XID 164); the "
+            "board is serviced at 8 min.",
+            "b200", [Fault("power_smoothing_worn", 2, 120, 480)],
+            gpu=2, latency=30, end=480, recovery=30),
         one("fabric_not_ready",
             "nvidia-fabricmanager is not running at boot on an HGX H200 node: GPU 0's fabric registration "
             "stays not started for 6 minutes, then the fabric manager is started and it completes.",
