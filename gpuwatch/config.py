@@ -31,7 +31,7 @@ DEFAULT_PORT = 19400
 COLLECTOR_DEFAULTS: dict[str, Any] = {f"{g.name}.{name}": default for g in groups.GROUPS
                                       for name, (default, _) in g.options.items()}
 BACKENDS = ("nvml", "simulated", "replay")
-SIM_PROFILES = ("rtx6000", "h200", "t4", "h100-mig", "b200")
+SIM_PROFILES = ("rtx6000", "h200", "t4", "h100-mig", "b200", "a100", "rtx4090")
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ def test_pcie_cards_have_no_gpm_nvlink_or_fabric_and_are_not_asked_again(start):
     d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     for feature in ("gpm", "nvlink", "fabric"):
-        assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == 0, feature
+        # a class of hardware the card does not have: no feature series at all (not a 0 per card)
+        assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) is None, feature
     m = d.metrics()
     gone = ("gpuwatch_sm_active_ratio", "gpuwatch_pcie_traffic_bytes_total", "gpuwatch_nvlink_links",
             "gpuwatch_nvlink_errors_total", "gpuwatch_fabric_state", "gpuwatch_fabric_info")
@@ -159,7 +160,7 @@ def test_old_driver_without_gpm_and_versioned_fabric_call(start):
     node = fakenvml.FakeNode.h200(1)
     d = start(node, old_driver=True)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
-    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="gpm")) == 0
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="gpm")) is None
     assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 1  # GetGpuFabricInfo
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="degraded_bandwidth")) is None
     assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 18
@@ -209,7 +210,8 @@ def test_mig_node_shows_its_instances_memory_activity_and_jobs(start, tmp_path):
     assert d.value("gpuwatch_mig_sm_active_ratio", **gpu, gpu_instance="9") == 0
     assert d.value("gpuwatch_mig_job_info", **gpu, gpu_instance="2", scheduler="slurm", job_id="777",
                    user="54321") == 1
-    for feature, supported in (("mig", 1), ("utilization", 0), ("remapped_rows", 0), ("gpm", 0)):
+    # with MIG on, device-level GPM is not there: a class of hardware, absent rather than 0
+    for feature, supported in (("mig", 1), ("utilization", 0), ("remapped_rows", 0), ("gpm", None)):
         assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == supported, feature
     assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is None
     assert not [k for k in d.metrics() if k[0] == "gpuwatch_poll_errors_total"]
@@ -227,7 +229,7 @@ def test_gpus_without_mig_make_no_mig_calls_after_discovery(start):
     node = fakenvml.FakeNode.h200(1)
     d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
-    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="mig")) == 0
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="mig")) is None
     d.stop()
     counts = d.fx.counts()
     assert counts["nvmlDeviceGetMigMode"] == 1

@@ -114,3 +114,38 @@ def test_golden_exposition_with_firing_anomalies(tmp_path):
         assert sorted((e["rule"], e["gpu"]) for e in started) == [("ecc_uncorrectable", "1"), ("row_remap_pending", "1")]
     finally:
         d.stop()
+
+
+# One golden exposition per GPU generation the fake library models, through `gpuwatch once`: each profile's
+# readings on its own driver (A100 on R550, B200 on R580.126, the others on R590), two GPUs, GPU 0 held by a
+# Slurm job (the prolog's mapping directory), so the budget below counts a job's series too.
+PROFILE_NODES = {
+    "a100": lambda: fakenvml.FakeNode.a100(2),
+    "h100": lambda: fakenvml.FakeNode.h100(2),
+    "h200": lambda: fakenvml.FakeNode.h200(2),
+    "b200": lambda: fakenvml.FakeNode.b200(2),
+    "l40s": lambda: fakenvml.FakeNode.l40s(2),
+    "rtx4090": lambda: fakenvml.FakeNode.rtx4090(2),
+}
+DATA_CENTER = {"a100", "h100", "h200", "b200"}  # NVLink/GPM-capable: 100 series a GPU, the others 80
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILE_NODES))
+def test_golden_exposition_per_profile(tmp_path, profile):
+    node = PROFILE_NODES[profile]()
+    node.gpus[0].add_process(4242, 2 * 2**30)
+    mapping = tmp_path / "jobs"
+    mapping.mkdir()
+    (mapping / "0").write_text("7001\n")
+    fx = fakenvml.prepare(tmp_path, node)
+    result = subprocess.run([os.sys.executable, "-m", "gpuwatch", "once", "--log.format", "json",
+                             "--attribution.hpc-job-mapping-dir", str(mapping)],
+                            env=fake_env(fx), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    promtool_check(result.stdout)
+    check_golden(f"profile-{profile}.prom", stable(result.stdout))
+    per_gpu = series_per_gpu(result.stdout)
+    assert set(per_gpu) == {g.uuid for g in node.gpus}
+    assert 'job_id="7001"' in result.stdout  # the job's series are in the count
+    budget = 100 if profile in DATA_CENTER else 80
+    assert max(per_gpu.values()) <= budget, per_gpu

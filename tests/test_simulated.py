@@ -698,7 +698,7 @@ def test_concurrent_reads_are_safe_and_consistent():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"profile": "a100"}, "unknown simulated GPU profile 'a100'"),
+        ({"profile": "v100"}, "unknown simulated GPU profile 'v100'"),
         ({"gpu_count": 0}, "gpu_count"),
         ({"gpu_count": 1000}, "gpu_count"),
         ({"gpu_count": "8"}, "gpu_count"),

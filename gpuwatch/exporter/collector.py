@@ -147,8 +147,9 @@ def _gpu_core(emit: Callable[..., None], state: GpuState, features: Collection[s
                                "" if ident.minor_number is None else str(ident.minor_number),
                                ident.vbios_version or "", ident.architecture or ""), 1)
     emit("gpuwatch_gpu_up", (), state.up)
+    hardware = groups.HARDWARE_FEATURES
     for feature in groups.FEATURES:
-        if feature in state.features and feature in features:
+        if feature in state.features and feature in features and (state.features[feature] or feature not in hardware):
             emit("gpuwatch_gpu_feature_supported", (feature,), state.features[feature])
 
 

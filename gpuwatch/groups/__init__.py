@@ -65,6 +65,8 @@ ALL: frozenset[str] = frozenset(BY_NAME)
 
 # Capabilities probed once per GPU and exported as gpuwatch_gpu_feature_supported{feature}.
 FEATURES: tuple[str, ...] = tuple(sorted(f for g in GROUPS for f in g.features))
+# Features of a class of hardware: their feature series only where the GPU has it (Group.hardware).
+HARDWARE_FEATURES: frozenset[str] = frozenset(f for g in GROUPS for f in g.hardware)
 
 SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
 
@@ -227,6 +229,7 @@ def only(sample: Any, enabled: frozenset[str]) -> Any:
     return dataclasses.replace(sample, **changes) if changes else sample
 
 
-__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HOST", "SCHEDULERS", "SPECS", "FastSample",
+__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES", "HOST", "SCHEDULERS",
+           "SPECS", "FastSample",
            "GpuHost", "HostSample", "SlowSample",
            "fast_sample", "flat", "only", "slow_sample", "features_of"]

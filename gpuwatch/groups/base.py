@@ -160,6 +160,10 @@ class Group:
     help: str  # one line: what it reads and where (for --help and docs/groups.md)
     specs: tuple[Spec, ...]
     features: tuple[str, ...] = ()
+    # the features that are a class of hardware (NVLink, GPM, the fabric, MIG, power smoothing, C2C, ...):
+    # their gpuwatch_gpu_feature_supported series is 1 where the GPU has it and absent where it has not (a PCIe
+    # card has no NVLink: no 0 series for it), so that they cost the series budget only where they exist
+    hardware: tuple[str, ...] = ()
     default: bool = True  # on unless --no-collector.<name>
     # option -> (default, help): --collector.<name>.<option>; the default's type (bool, int) is the option's
     options: Mapping[str, tuple[Any, str]] = None  # type: ignore[assignment]

@@ -82,6 +82,7 @@ GROUP = Group(
     name="fabric",
     help="NVSwitch fabric registration state and health (HGX/DGX; slow tier)",
     features=("fabric",),
+    hardware=("fabric",),
     slow="fabric",
     nvml=Nvml,
     render=render,

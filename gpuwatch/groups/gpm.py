@@ -106,6 +106,7 @@ GROUP = Group(
     name="gpm",
     help="profiling metrics (GPM, Hopper and newer): SM activity and occupancy, pipes, DRAM bandwidth, PCIe traffic",
     features=("gpm",),
+    hardware=("gpm",),
     fast="gpm",
     nvml=Nvml,
     render=render,

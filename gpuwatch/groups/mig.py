@@ -102,6 +102,7 @@ GROUP = Group(
     name="mig",
     help="MIG instances: enumerated in the slow tier, frame buffer and GPM activity per instance in the fast tier",
     features=("mig",),
+    hardware=("mig",),
     fast="mig",
     slow="mig",
     nvml=Nvml,

@@ -244,6 +244,7 @@ GROUP = Group(
     name="nvlink",
     help="NVLink link states, error counters and traffic (one field-values batch per GPU, slow tier)",
     features=("nvlink",),
+    hardware=("nvlink",),
     slow="nvlink",
     nvml=Nvml,
     fields={_LINK_COUNT: "NVLink link count", **{fid: f"NVLink {name} errors" for name, fid in ERRORS.items()}},

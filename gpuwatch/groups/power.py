@@ -108,6 +108,7 @@ GROUP = Group(
     name="power",
     help="power draw, energy counter, P-state and power limits",
     features=("energy", "power", "power_limit", "power_smoothing"),
+    hardware=("power_smoothing",),
     fast="power",
     slow="power",
     nvml=Nvml,

@@ -822,6 +822,18 @@ class FakeNode:
         return cls.from_profiles(["b200"] * count, **node_kw)
 
     @classmethod
+    def a100(cls, count: int = 8, **node_kw) -> FakeNode:
+        """``count`` HGX A100 GPUs on an R550 driver (550.163.01, as NVIDIA's mock) unless ``driver_version`` says."""
+        node_kw.setdefault("driver_version", "550.163.01")
+        node_kw.setdefault("nvml_version", "12.550.163.01")
+        node_kw.setdefault("cuda_version", 12040)
+        return cls.from_profiles(["a100"] * count, **node_kw)
+
+    @classmethod
+    def rtx4090(cls, count: int = 1, **node_kw) -> FakeNode:
+        return cls.from_profiles(["rtx4090"] * count, **node_kw)
+
+    @classmethod
     def h100_mig(cls, count: int = 1, **node_kw) -> FakeNode:
         return cls.from_profiles(["h100-mig"] * count, **node_kw)
 
@@ -1154,6 +1166,52 @@ def _h100(index: int) -> FakeGpu:
     return g
 
 
+def _a100(index: int) -> FakeGpu:
+    """HGX A100 40 GB (SXM4, Ampere): 12 NVLink3 links to the NVSwitches, no GPM (Hopper and newer), absolute
+    thresholds and no T.Limit margin (Ada and newer), no fabric registration through NVML (Hopper and newer);
+    values from NVIDIA's mock A100 profile (k8s-test-infra). Put it on an R535/R550 node (FakeNode.a100)."""
+    g = _h200(index)
+    g.__dict__.update(_identity("a100", index))
+    g.name = "NVIDIA A100-SXM4-40GB"
+    g.vbios = "92.00.45.00.03"
+    g.architecture = 7
+    g.cuda_cc = (8, 0)
+    g.pci_device_id, g.pci_subsystem_id = 0x20B010DE, 0x134F10DE
+    g.temperature, g.margin_temperature, g.memory_temperature = 33, None, 31
+    g.thresholds = {0: 92, 1: 87, 3: 83, 4: 95}  # shutdown, slowdown, gpu max, memory max
+    g.tlimit_thresholds = None
+    g.power_mw, g.energy_mj = 72_000, 54_321_000
+    g.power_limit_mw = g.enforced_power_limit_mw = g.default_power_limit_mw = 400_000
+    g.power_limit_constraints_mw = (100_000, 400_000)
+    g.memory_total, g.memory_reserved = 40_960 * MIB, 583 * MIB
+    g.clocks, g.max_clocks = [210, 210, 1215, 585], [1410, 1410, 1215, 1290]
+    g.pcie_gen = g.pcie_max_gen = 4
+    g.gpm = None
+    g.nvlink_states = [1] * 12
+    g.nvlink_errors = {name: [0] * 12 for name in NVLINK_TOTAL_FIELDS}
+    g.nvlink_remotes = {link: (2, f"00000000:{0xC4 + link % 6:02X}:00.0") for link in range(12)}
+    g.fabric = None
+    g.fabric_cluster_uuid = None
+    return g
+
+
+def _rtx4090(index: int) -> FakeGpu:
+    """GeForce RTX 4090 (Ada, AD102): two fans, absolute thresholds, no ECC, row remapping, NVLink, GPM or MIG;
+    the RTX 4080 SUPER capture's behaviour with the 4090's board values (24 GB GDDR6X, 450 W, 150-600 W)."""
+    g = _rtx4080s(index)
+    g.__dict__.update(_identity("rtx4090", index))
+    g.name = "NVIDIA GeForce RTX 4090"
+    g.vbios = "95.02.18.80.87"
+    g.pci_device_id, g.pci_subsystem_id = 0x268410DE, 0x16F310DE
+    g.power_mw = 31_400
+    g.power_limit_mw = g.enforced_power_limit_mw = g.default_power_limit_mw = 450_000
+    g.power_limit_constraints_mw = (150_000, 600_000)
+    g.memory_total, g.memory_reserved, g.memory_used = 24_564 * MIB, 470 * MIB, 0
+    g.max_clocks = [3120, 3120, 10501, 2415]
+    g.thresholds = {0: 97, 1: 94, 3: 90, 5: 84}
+    return g
+
+
 def _h100_mig(index: int) -> FakeGpu:
     """An H100 in MIG mode with the capture's four instances (3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb): the
     parent has no utilization and no remapped rows (NVML: not supported with MIG on), GPM per instance."""
@@ -1292,6 +1350,8 @@ PROFILES = {
     "h200": _h200,
     "h100": _h100,
     "b200": _b200,
+    "a100": _a100,
+    "rtx4090": _rtx4090,
     "h100-mig": _h100_mig,
     "l40s": _l40s,
     "rtx": _rtx4080s,

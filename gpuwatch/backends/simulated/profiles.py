@@ -279,7 +279,64 @@ B200 = dataclasses.replace(
     power_smoothing_lifetime_percent=97.0,
 )
 
-PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG, B200)}
+# HGX A100 40 GB (SXM4, Ampere): 12 NVLink3 links at 25 GB/s to the NVSwitches; no GPM (Hopper and newer), no
+# T.Limit margin (absolute thresholds), no fabric registration through NVML; NVIDIA's mock A100 profile's values.
+A100 = dataclasses.replace(
+    H200,
+    key="a100",
+    name="NVIDIA A100-SXM4-40GB",
+    architecture="ampere",
+    vbios_version="92.00.45.00.03",
+    serial_prefix="1324",
+    memory_total_mib=40960,
+    memory_reserved_mib=583,
+    idle_watts=72.0,
+    full_load_watts=420.0,
+    power_limit_watts={"enforced": 400.0, "default": 400.0, "min": 100.0, "max": 400.0},
+    clock_max_mhz={"graphics": 1410.0, "sm": 1410.0, "memory": 1215.0, "video": 1290.0},
+    clock_idle_mhz={"graphics": 210.0, "sm": 210.0, "memory": 1215.0, "video": 585.0},
+    resistance_fans_stopped=0.09,  # about 61 °C at 400 W (HGX A100 under a burn job)
+    resistance_fans_full=0.09,
+    gpu_max_celsius=83.0,
+    slowdown_celsius=87.0,
+    shutdown_celsius=92.0,
+    threshold_scale="absolute",
+    memory_max_tlimit=None,
+    memory_temperature=(2.0, 0.9),
+    pcie_max_generation=4,
+    pcie_idle_generation=4,
+    gpm=False,
+    nvlink_links=12,
+    nvlink_gbps=25.0,
+    fabric=False,
+)
+
+# GeForce RTX 4090 (Ada): two fans, absolute thresholds, no ECC, row remapping, NVLink, GPM or MIG; 24 GB GDDR6X,
+# 450 W (150-600 W); the behaviour of the RTX 4080 SUPER capture (590/595 drivers).
+RTX4090 = dataclasses.replace(
+    RTX6000,
+    key="rtx4090",
+    name="NVIDIA GeForce RTX 4090",
+    vbios_version="95.02.18.80.87",
+    serial_prefix="0",
+    memory_total_mib=24564,
+    memory_reserved_mib=470,
+    idle_watts=31.0,
+    full_load_watts=480.0,
+    power_limit_watts={"enforced": 450.0, "default": 450.0, "min": 150.0, "max": 600.0},
+    clock_max_mhz={"graphics": 3120.0, "sm": 3120.0, "memory": 10501.0, "video": 2415.0},
+    clock_idle_mhz={"graphics": 210.0, "sm": 210.0, "memory": 405.0, "video": 1185.0},
+    resistance_fans_stopped=0.16,
+    resistance_fans_full=0.07,
+    fan_count=2,
+    fan_max_rpm=3300.0,
+    gpu_max_celsius=90.0,
+    slowdown_celsius=94.0,
+    shutdown_celsius=97.0,
+    ecc=False,
+)
+
+PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG, B200, A100, RTX4090)}
 
 
 def _fan_curve(temperature: float) -> float:
