@@ -108,7 +108,13 @@ class Daemon:
 
 
 def fake_env(fx: fakenvml.FakeNvmlEnv) -> dict[str, str]:
-    env = dict(fx.env)
+    return isolated_env(fx.env)
+
+
+def isolated_env(base: dict[str, str]) -> dict[str, str]:
+    """``base`` (an environment that names the NVML library to load) for a gpuwatch that reads no part
+    of this machine but that library."""
+    env = dict(base)
     env.pop("GPUWATCH_CONFIG", None)
     env["PYTHONUNBUFFERED"] = "1"
     # The host groups read no part of this machine: no cgroups (no jobs), no kubelet, no scontrol;

@@ -87,6 +87,22 @@ def test_one_gpu_lost_and_back(start):
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
 
 
+def test_a_gpu_lost_while_probed_is_reported_down(start):
+    """A GPU that answers its identity but GPU_IS_LOST to a probe (it fell off the bus during discovery, as
+    NVIDIA's mock NVML does it) has no reading to poll: it is down, not up with nothing to show."""
+    node = fakenvml.FakeNode.h200(3)
+    node.gpus[1].set_error("nvmlDeviceGetPerformanceState", 15)  # GPU_IS_LOST, probed by the power group
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 0, tier="fast")
+    d.wait_value("gpuwatch_gpu_up", 0, **labels(node, 1))
+    assert d.value("gpuwatch_gpu_up", **labels(node, 0)) == 1
+    assert d.value("gpuwatch_gpu_up", **labels(node, 2)) == 1
+    info = [dict(k[1]) for k in d.metrics() if k[0] == "gpuwatch_gpu_info"]
+    assert sorted(i["gpu"] for i in info) == ["0", "1", "2"]  # identified, listed, down
+    lost = [e for e in d.events() if e["event"] == "gpu_lost"]
+    assert [e["gpu"] for e in lost] == ["1"], lost
+
+
 def test_driver_not_loaded_then_mismatch_then_recovery(start):
     """The process keeps serving through init failures, logs each cause once, recovers by itself."""
     node = fakenvml.FakeNode.h200(2)

@@ -622,6 +622,7 @@ class _Gpu:
     events: bool = False  # registered for XID events
     cleanups: list[Callable[[], None]] = field(default_factory=list)  # run before NVML shuts down
     mig: _MigDevices | None = None  # re-enumerated on a MIG configuration-change event
+    lost_while_probing: bool = False  # GPU_IS_LOST at discovery: down until the next discovery
 
 
 class NvmlBackend:
@@ -760,7 +761,10 @@ class NvmlBackend:
             except N.NVMLError as exc:
                 if _is_gone(exc.value) and exc.value != _LOST:
                     raise self._unavailable(exc) from None
-                gpu.features, gpu.fast, gpu.slow, gpu.batches = {}, (), (), {}  # lost while probing: reported down
+                # lost while probing: no reading is prepared, so no poll would ever call NVML for it and
+                # it would show up with no readings; every read reports it lost instead
+                gpu.features, gpu.fast, gpu.slow, gpu.batches = {}, (), (), {}
+                gpu.lost_while_probing = True
             devices[identity.uuid] = gpu
             errors: tuple[str, ...] = ()
             if texts.invalid:
@@ -865,6 +869,8 @@ class NvmlBackend:
 
     def _read(self, uuid: str, tier: str) -> tuple[dict[str, Any], list[str], tuple[tuple[str, float, bool], ...]]:
         gpu = self._device(uuid)
+        if gpu.lost_while_probing:
+            raise DeviceLost(uuid, "NVML: GPU is lost (it was lost while gpuwatch probed it at discovery)")
         q = _Query(self, uuid)
         clock = time.perf_counter
         batch_seconds, shares = 0.0, _NO_SHARES
