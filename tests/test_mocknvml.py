@@ -143,6 +143,11 @@ def check_gpu(m: Metrics, profile: mocknvml.Profile, i: int) -> None:
         got = value(m, family, **g, **labels)
         assert got == pytest.approx(expected), f"{where}: {family}{labels} is {got}, the YAML says {expected}"
 
+    def lacks(feature: str) -> None:
+        """A class of hardware the GPU does not have: no feature series (not a 0)."""
+        got = value(m, "gpuwatch_gpu_feature_supported", **g, feature=feature)
+        assert got is None, f"{where}: feature {feature} is {got}, the YAML has no such hardware"
+
     eq("gpuwatch_gpu_up", 1)
     arch = ARCHITECTURE.get(d["architecture"], d["architecture"])
     # the mock falls back to 8 "Mock A100"s when it cannot read its profile: the name says it read this one
@@ -214,7 +219,7 @@ def check_gpu(m: Metrics, profile: mocknvml.Profile, i: int) -> None:
         eq("gpuwatch_nvlink_links", links - active, state="inactive")
     else:
         # no link in the profile (L40S, T4; the B200 profile declares no switch, so no link): no NVLink at all
-        eq("gpuwatch_gpu_feature_supported", 0, feature="nvlink")
+        lacks("nvlink")
         assert not [n for (n, k) in m if n.startswith("gpuwatch_nvlink_") and ("gpu", str(i)) in k], where
 
     fabric = d.get("fabric")
@@ -225,7 +230,7 @@ def check_gpu(m: Metrics, profile: mocknvml.Profile, i: int) -> None:
             info["cluster_uuid"] = fabric["cluster_uuid"]
         assert series(m, "gpuwatch_fabric_info", **g, **info), f"{where}: no gpuwatch_fabric_info{info}"
     else:
-        eq("gpuwatch_gpu_feature_supported", 0, feature="fabric")
+        lacks("fabric")
 
     gpm = d.get("gpm") or {}
     if gpm.get("supported", d["architecture"] in HOPPER_AND_LATER):
@@ -235,7 +240,7 @@ def check_gpu(m: Metrics, profile: mocknvml.Profile, i: int) -> None:
         eq("gpuwatch_pipe_active_ratio", util["gpu"] * 0.5 / 100, pipe="tensor")
         eq("gpuwatch_dram_bandwidth_ratio", util["memory"] / 100)
     else:
-        eq("gpuwatch_gpu_feature_supported", 0, feature="gpm")
+        lacks("gpm")
 
 
 # ------------------------------------------------------------------------------------ served -> exported
@@ -438,7 +443,7 @@ def fault_run(lib: Path, tmp_path: Path, profile: mocknvml.Profile, index: int, 
         if needs:
             def slow_polled() -> Metrics | None:
                 m = d.metrics()
-                return m if value(m, "gpuwatch_poll_success", tier="slow") is not None else None
+                return m if value(m, "gpuwatch_poll_success", tier="slow") == 1 else None
 
             first = wait_for(slow_polled, what="the first slow poll")
             absent = [f"{f}{labels}" for f, labels in needs if not series(first, f, **gpu(profile, index), **labels)]
@@ -540,8 +545,9 @@ def test_blackwell_does_not_read_the_dl_error_counters_the_mock_serves(once, pat
 def test_what_the_mock_does_not_model_is_unsupported_not_zero(once, path):
     """The mock's other differences from NVML, and what gpuwatch does about each:
 
-    - MIG enumeration answers NOT_FOUND (the profiles have MIG disabled): no MIG series, feature mig 0, the
-      mig group collected (check_profile asserts every group).
+    - MIG enumeration answers NOT_FOUND (the profiles have MIG disabled): no MIG series and no mig feature
+      series (MIG is a class of hardware: 1 where enabled, else absent), the mig group collected
+      (check_profile asserts every group).
     - Module and memory power scopes (fields 185-192 with scopeId 1/2) are NOT_SUPPORTED: gpuwatch exports
       the GPU scope alone; a module or memory scope feature, where gpuwatch has one, is 0.
     - The BER fields 220/222 come as a double where NVML packs mantissa (bits 8-11) and exponent (bits
@@ -557,7 +563,7 @@ def test_what_the_mock_does_not_model_is_unsupported_not_zero(once, path):
     m = once(profile)
     for i in range(profile.count):
         g = gpu(profile, i)
-        assert value(m, "gpuwatch_gpu_feature_supported", **g, feature="mig") == 0
+        assert value(m, "gpuwatch_gpu_feature_supported", **g, feature="mig") is None
         assert not [n for (n, k) in m if n.startswith("gpuwatch_mig_") and set(g.items()) <= set(k)]
         scopes = {dict(k)["feature"]: v for k, v in series(m, "gpuwatch_gpu_feature_supported", **g).items()
                   if "module" in dict(k)["feature"] or "memory_power" in dict(k)["feature"]}
