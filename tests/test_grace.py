@@ -124,6 +124,18 @@ def test_an_old_driver_without_the_c2c_mode_call_still_reads_the_links(start):
     assert not [k for k in d.metrics() if k[0] == "gpuwatch_c2c_errors_total"]
 
 
+def test_a_grace_gpu_without_module_scope_power_says_so_once(start):
+    """NVIDIA's mock answers NOT_SUPPORTED for the module scope: no module power series, one log line
+    per GPU at discovery, and the C2C links are read all the same."""
+    node = fakenvml.FakeNode.gh200(1)
+    node.gpus[0].module_power_mw = None
+    d = start(node, args=["--collector.c2c.detail"])
+    d.wait_value("gpuwatch_c2c_links", 10, **labels(node, 0, state="active"))
+    assert d.value("gpuwatch_module_power_watts", **labels(node, 0)) is None
+    assert d.value("gpuwatch_power_watts", **labels(node, 0)) == pytest.approx(90.12)
+    assert len([e for e in d.events() if e["event"] == "module_power_unavailable"]) == 1
+
+
 def test_grace_hwmon_sensors_through_the_daemon(start, tmp_path):
     """--collector.grace.hwmon-root: the node-level Grace power and cap series; a garbage sensor file is
     counted and the valid sensors stay."""

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, Unsupported
+from gpuwatch.logs import get_logger
 
 _LINK_COUNT = 170
 _STATUS = 171  # scope = link: 1 active, 0 inactive
@@ -36,6 +37,7 @@ _POWER_STATE = 234  # scope = link: NVML_C2C_POWER_STATE_FULL_POWER 0, _LOW_POWE
 ERRORS: Mapping[str, int] = {"crc": 231, "replay": 232, "replay_b2b": 233}
 MAX_LINKS = 32  # more than any Grace-coupled GPU has; a larger count is garbage and is capped
 _LOW_POWER = 1
+_MODULE_POWER = (185, 1)  # NVML_FI_DEV_POWER_AVERAGE, scopeId NVML_POWER_SCOPE_MODULE (the power group's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,12 @@ class Nvml:
         errors = dev.values(ERRORS.values()) if on else {}
         self.errors = tuple((name, fid) for name, fid in ERRORS.items() if fid in errors and dev.field(fid, "slow"))
         self.detail = on and bool(dev.option("detail"))
+        if on and not dev.values([_MODULE_POWER]):  # the power group reads it; a C2C GPU should have it
+            get_logger(component="c2c").info(
+                "module_power_unavailable", links=len(self.links),
+                hint="a Grace-coupled GPU whose driver reports no module-scope power (field 185, scopeId 1; "
+                     "R535+): gpuwatch_module_power_watts is absent, gpuwatch_energy_joules_total still "
+                     "counts the whole module")
 
     def read_fast(self, q: Query) -> None:
         return None
