@@ -31,7 +31,7 @@ DEFAULT_PORT = 19400
 COLLECTOR_DEFAULTS: dict[str, Any] = {f"{g.name}.{name}": default for g in groups.GROUPS
                                       for name, (default, _) in g.options.items()}
 BACKENDS = ("nvml", "simulated", "replay")
-SIM_PROFILES = ("rtx6000", "h200", "t4", "h100-mig", "b200", "a100", "rtx4090")
+SIM_PROFILES = ("rtx6000", "h200", "t4", "h100-mig", "b200", "a100", "rtx4090", "gh200", "gb200")
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def _sim_faults(value: Any) -> tuple[str, ...]:
     return tuple(item.strip() for item in items)
 
 
-_SIM_FAULT = re.compile(r"[a-z_]+(?:@\d+)?(?::[a-z_]+=[^,=:]+(?:,[a-z_]+=[^,=:]+)*)?")
+_SIM_FAULT = re.compile(r"[a-z0-9_]+(?:@\d+)?(?::[a-z_]+=[^,=:]+(?:,[a-z_]+=[^,=:]+)*)?")
 
 
 def _path(value: Any) -> str:
@@ -296,7 +296,8 @@ OPTIONS: tuple[Option, ...] = (
            "json or console (default: json unless stderr is a terminal)"),
     Option("sim.gpus", "sim_gpus", _int("sim.gpus", 1, 64), "simulated backend: number of GPUs (default 8)"),
     Option("sim.profile", "sim_profile", _choice("sim.profile", SIM_PROFILES),
-           "simulated backend: rtx6000 (fans), h200 or t4 (fanless) (default rtx6000)"),
+           "simulated backend: rtx6000 (fans), h200 or t4 (fanless), h100-mig, gh200 or gb200 (Grace-coupled) "
+           "(default rtx6000)"),
     Option("sim.faults", "sim_faults", _bool("sim.faults"), "simulated backend: run the scripted fault tour"),
     Option("sim.fault", "sim_fault", _sim_faults,
            "simulated backend: a fault from the start, KIND[@GPU][:param=value,...], e.g. load:utilization=0.9 "

@@ -122,6 +122,7 @@ def isolated_env(base: dict[str, str]) -> dict[str, str]:
     env["GPUWATCH_ATTRIBUTION_CGROUP_ROOT"] = "/nonexistent/gpuwatch-test/cgroup"
     env["GPUWATCH_COLLECTOR_KUBERNETES_SOCKET"] = "/nonexistent/gpuwatch-test/kubelet.sock"
     env["GPUWATCH_COLLECTOR_SLURM_SCONTROL"] = "/nonexistent/gpuwatch-test/scontrol"
+    env["GPUWATCH_COLLECTOR_GRACE_HWMON_ROOT"] = "/nonexistent/gpuwatch-test/hwmon"  # no Grace sensors
     # the package under test, whatever the current directory
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     return env

@@ -39,8 +39,8 @@ GPU_RULE_METRIC = "gpuwatch_anomaly"
 # A reference to a rule that drives an alert: the anomaly == 1, or the GPU alerts' recording of it with
 # the GPU model (gpu_rule:gpuwatch_anomaly:named, the first rule of their group); the same selector after
 # `unless on(...) (` only excludes (e.g. GpuwatchGpuDown stays quiet while GpuwatchGpuLost fires).
-RULE_REF = re.compile(r'(gpuwatch_(?:node_)?anomaly)\{rule="([a-z_]+)"\} == 1'
-                      r'|gpu_rule:(gpuwatch_anomaly):named\{rule="([a-z_]+)"\}')
+RULE_REF = re.compile(r'(gpuwatch_(?:node_)?anomaly)\{rule="([a-z0-9_]+)"\} == 1'
+                      r'|gpu_rule:(gpuwatch_anomaly):named\{rule="([a-z0-9_]+)"\}')
 EXCLUSION_BEFORE = re.compile(r"unless\s+on\s*\([^)]*\)\s*\(\s*$")
 
 

@@ -218,7 +218,7 @@ def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
     node = fakenvml.FakeNode.from_profiles(["rtx", "h200"])  # the RTX has fans
     node.gpus[0].add_process(4242, 2**30)
     d = start(node, args=["--no-collector.clocks", "--no-collector.fans", "--no-collector.processes",
-                          "--no-collector.xid", "--no-collector.ecc"])
+                          "--no-collector.xid", "--no-collector.ecc", "--no-collector.c2c"])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= 2 * 4, what="the probe and 3 polls")
     counts = d.fx.counts()
@@ -226,7 +226,7 @@ def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
               "nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetNumFans", "nvmlDeviceGetFanSpeed_v2",
               "nvmlDeviceGetTargetFanSpeed", "nvmlDeviceGetComputeRunningProcesses_v3",
               "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents", "nvmlEventSetCreate",
-              "nvmlEventSetWait_v2"]
+              "nvmlEventSetWait_v2", "nvmlDeviceGetC2cModeInfoV"]
     assert {name: counts.get(name, 0) for name in silent} == dict.fromkeys(silent, 0)
     m = d.metrics()
     families = {name for name, _ in m}

@@ -80,6 +80,7 @@ def full_fast_sample():
         fans=(fan(0), fan(1, speed=0.0, target=0.93, rpm=0.0), FanReading(fan=2, speed_ratio=1.07)),
         power_watts=0.1 + 0.2,  # not exactly representable in decimal: repr must round-trip it
         energy_joules=123456789.000001,
+        module_power_watts=201.35,
         memory_used_bytes=2**40 + 1,
         clocks_event_active={"gpu_idle": False, "hw_slowdown": True},
         mig=(MigReading(2, 40448 * 2**20, 26 * 2**20, 0.5, 0.2, 0.3), MigReading(9)),
@@ -106,6 +107,9 @@ def full_slow_sample():
         power_smoothing_lifetime_ratio=0.87,
         fabric_health={"degraded_bandwidth": True, "route_unhealthy": False},
         mig=(MigInstance(2, 0, "MIG-6f7d2b7c-0a4d-5c1e-9a55-3f1b2c4d5e6f", "3g.40gb"), MigInstance(9)),
+        c2c_up={"0": True, "1": False}, c2c_low_power={"0": False, "1": True},
+        c2c_bandwidth_bytes={"0": 44712e6}, c2c_errors={"crc": 3, "replay": 0}, c2c_detail=True,
+        c2c_up_at_discovery={"0": True, "1": True},
         errors=("gpu_is_lost",),
     )
 

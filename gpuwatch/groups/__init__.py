@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatch.groups import (
+    c2c,
     clocks,
     ecc,
     fabric,
     fans,
     gpm,
+    grace,
     jobs,
     kubernetes,
     memory,
@@ -37,11 +39,13 @@ from gpuwatch.groups import (
     xid,
 )
 from gpuwatch.groups.base import Group, Spec
+from gpuwatch.groups.c2c import C2c
 from gpuwatch.groups.clocks import ClockLimits, Clocks
 from gpuwatch.groups.ecc import Ecc
 from gpuwatch.groups.fabric import Fabric
 from gpuwatch.groups.fans import FanReading
 from gpuwatch.groups.gpm import Gpm
+from gpuwatch.groups.grace import GraceSensor
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.groups.kubernetes import PodAllocation
 from gpuwatch.groups.memory import Memory
@@ -57,7 +61,7 @@ from gpuwatch.groups.utilization import Utilization
 GROUPS: tuple[Group, ...] = (
     thermal.GROUP, fans.GROUP, power.GROUP, clocks.GROUP, utilization.GROUP, memory.GROUP,
     ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP, gpm.GROUP, nvlink.GROUP, fabric.GROUP, mig.GROUP,
-    slurm.GROUP, kubernetes.GROUP, jobs.GROUP,
+    slurm.GROUP, kubernetes.GROUP, jobs.GROUP, c2c.GROUP, grace.GROUP,
 )
 BY_NAME: Mapping[str, Group] = {g.name: g for g in GROUPS}
 DEFAULT_ENABLED: frozenset[str] = frozenset(g.name for g in GROUPS if g.default)
@@ -111,6 +115,7 @@ class SlowSample:
     nvlink: NvLink = NvLink()
     fabric: Fabric = Fabric()
     mig: tuple[MigInstance, ...] = ()  # the MIG devices, on MIG-enabled GPUs
+    c2c: C2c = C2c()
     errors: tuple[str, ...] = ()
     collected: tuple[tuple[str, float, bool], ...] = ()
 
@@ -131,6 +136,7 @@ class HostSample:
     slurm_complete: bool = True
     kubernetes_complete: bool = True
     gpus: tuple[str, ...] | None = None  # the GPUs (uuids) the read knew of; None: every GPU
+    grace: tuple[GraceSensor, ...] | None = None  # the Grace hwmon sensors (None: no Grace node, or off)
 
     def on(self, uuid: str) -> GpuHost:
         """This GPU's part: its allocations."""

@@ -8,6 +8,12 @@ smoothing, the smoothing circuitry's remaining lifetime in percent (field
 NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, whose id depends on the driver branch:
 258 on R570 and R580.126+, 263 on R575/R580.65; groups/fieldids.py). A lifetime outside 0-100 % is
 not exported (logged once): on a branch newer than gpuwatch's table that id may mean something else.
+
+Grace-coupled GPUs (GH200, GB200): where the GPU answers field 185 with scopeId 1
+(NVML_POWER_SCOPE_MODULE: GPU + Grace CPU + memory), probed once at discovery, the module's power is
+read in the same batch: gpuwatch_module_power_watts. On those GPUs the energy counter (field 83)
+covers the module too (ml-energy/zeus#172): rate(energy) matches the module's power, not the GPU's.
+The module power's presence is the sign of it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 
 _ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
 _POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE, mW (what nvmlDeviceGetPowerUsage reports on Ampere and newer)
+_MODULE = (_POWER_AVERAGE, 1)  # scopeId NVML_POWER_SCOPE_MODULE
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +34,7 @@ class Power:
     power_watts: float | None = None
     energy_joules: float | None = None  # since the driver was loaded
     performance_state: int | None = None  # 0-15, 0 = maximum performance
+    module_power_watts: float | None = None  # GPU + Grace CPU + memory (Grace-coupled GPUs only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,7 @@ class Nvml:
         usage = dev.call("nvmlDeviceGetPowerUsage")
         self.usage = usage if not self.average and dev.supported(usage) else None
         self.energy = dev.field(_ENERGY, "fast")
+        self.module = bool(dev.values([_MODULE])) and dev.field(_MODULE, "fast")
         pstate = dev.call("nvmlDeviceGetPerformanceState")
         self.pstate = pstate if dev.supported(pstate) else None
         limits = (("enforced", dev.call("nvmlDeviceGetEnforcedPowerLimit")),
@@ -76,8 +85,10 @@ class Nvml:
         mw = q.field(_POWER_AVERAGE) if self.average else (q(self.usage) if self.usage is not None else None)
         mj = q.field(_ENERGY) if self.energy else None
         pstate = q(self.pstate) if self.pstate is not None else None
+        module = q.field(_MODULE) if self.module else None
         return Power(None if mw is None else mw / 1000.0, None if mj is None else mj / 1000.0,
-                     None if pstate is None or pstate > 15 else int(pstate))
+                     None if pstate is None or pstate > 15 else int(pstate),
+                     None if module is None else module / 1000.0)
 
     def read_slow(self, q: Query) -> PowerLimits:
         limits: dict[str, float] = {}
@@ -98,6 +109,7 @@ def render(emit: Emit, fast: Power | None, slow: PowerLimits | None) -> None:
         emit("gpuwatch_power_watts", (), fast.power_watts)
         emit("gpuwatch_energy_joules_total", (), fast.energy_joules)
         emit("gpuwatch_performance_state", (), fast.performance_state)
+        emit("gpuwatch_module_power_watts", (), fast.module_power_watts)
     if slow is not None:
         for name, watts in slow.power_limit_watts.items():
             emit("gpuwatch_power_limit_watts", (name,), watts)
@@ -118,13 +130,20 @@ GROUP = Group(
     specs=(
         Spec("gpuwatch_power_watts", "gauge", G,
              "Power draw in watts, a 1 s average on Ampere and newer (field NVML_FI_DEV_POWER_AVERAGE, else "
-             "nvmlDeviceGetPowerUsage; 'Average Power Draw')."),
+             "nvmlDeviceGetPowerUsage; 'Average Power Draw'). The GPU alone, also on a Grace-coupled GPU "
+             "(GH200, GB200), whose energy counter covers the module: see gpuwatch_module_power_watts."),
+        Spec("gpuwatch_module_power_watts", "gauge", G,
+             "Power draw of the whole module in watts, a 1 s average: GPU + Grace CPU + memory, on Grace-coupled "
+             "GPUs (GH200, GB200) where the GPU reports it (field NVML_FI_DEV_POWER_AVERAGE with scopeId "
+             "NVML_POWER_SCOPE_MODULE; 'Module Power Readings'). Where it exists, gpuwatch_energy_joules_total "
+             "covers the module too: its rate is the module's power, not the GPU's."),
         Spec("gpuwatch_power_limit_watts", "gauge", G + ("limit",),
              "Power limits in watts: enforced (nvmlDeviceGetEnforcedPowerLimit; 'Current Power Limit'), default, "
              "min and max (nvmlDeviceGetPowerManagementLimitConstraints)."),
         Spec("gpuwatch_energy_joules_total", "counter", G,
              "Energy consumed since the driver was loaded, in joules; resets on driver reload "
-             "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)."),
+             "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION). On a Grace-coupled GPU (GH200, GB200: where "
+             "gpuwatch_module_power_watts exists) it covers the whole module: GPU + Grace CPU + memory."),
         Spec("gpuwatch_power_smoothing_lifetime_remaining_ratio", "gauge", G,
              "Remaining lifetime of the power-smoothing circuitry, 1 = new (Blackwell; field "
              "NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, id by driver branch; XIDs 164/165)."),

@@ -2,9 +2,10 @@
 
 ``HostReader`` is what the poller's host job calls every slow interval, on its own thread: one
 cgroup scan (gpuwatch/hostside/cgroups.py) shared by the slurm and jobs groups, the kubelet's
-PodResources for the kubernetes group. A source that fails gives its group no reading for this
-read (its metrics go absent, ``gpuwatch_collector_success{group}`` 0, the error counted in
-``gpuwatch_collector_errors_total`` and logged once per kind); the other groups go on.
+PodResources for the kubernetes group, the Grace hwmon sensors for the grace group. A source that
+fails gives its group no reading for this read (its metrics go absent, ``gpuwatch_collector_success
+{group}`` 0, the error counted in ``gpuwatch_collector_errors_total`` and logged once per kind); the
+other groups go on.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class HostReader:
         self._errors: list[tuple[str, str]] = []
         self._root = Path(cgroup_root)
         self._log = get_logger(component="hostside")
-        self._slurm = self._kubelet = self._jobs = None
+        self._slurm = self._kubelet = self._jobs = self._grace = None
         if "slurm" in enabled:
             from gpuwatch.hostside.slurm import SlurmAllocations
 
@@ -107,6 +108,10 @@ class HostReader:
             from gpuwatch.hostside.jobs import JobsReader
 
             self._jobs = JobsReader(proc_root, monotonic, float(os.cpu_count() or 0) or None, self._errors)
+        if "grace" in enabled:
+            from gpuwatch.hostside.grace import GraceHwmon
+
+            self._grace = GraceHwmon(str(_group_options(options, "grace")["hwmon-root"]), monotonic, self._errors)
         self._failed: set[str] = set()
 
     def __call__(self, gpus: Sequence[GpuState]) -> HostSample:
@@ -119,29 +124,33 @@ class HostReader:
             started = time.perf_counter()
             found = self._run("cgroups", lambda: cgroups.scan(self._root))
             scan_seconds = time.perf_counter() - started
-        for name, source in (("slurm", self._slurm), ("kubernetes", self._kubelet), ("jobs", self._jobs)):
+        sources = (("slurm", self._slurm), ("kubernetes", self._kubelet), ("jobs", self._jobs), ("grace", self._grace))
+        for name, source in sources:
             if source is None:
                 continue
             started = time.perf_counter()
             errors_before = len(self._errors)
             if name == "kubernetes":
                 value = self._run(name, lambda: self._kubelet.read(gpus))  # type: ignore[union-attr]
+            elif name == "grace":
+                value = self._run(name, lambda: self._grace.read())  # type: ignore[union-attr]
             elif found is None:
                 value = None
             elif name == "slurm":
                 value = self._run(name, lambda: self._slurm.read(found, gpus))  # type: ignore[union-attr]
             else:
                 value = self._run(name, lambda: self._jobs.read(found))  # type: ignore[union-attr]
-            scanned = name != "kubernetes"
+            scanned = name in ("slurm", "jobs")
             seconds = time.perf_counter() - started + (scan_seconds if scanned else 0.0)
             values[name] = value
             ok = len(self._errors) == errors_before and not (scanned and found is None)
-            if value is not None or not ok:  # nothing to read here (no Slurm, no kubelet): no collector series
+            if value is not None or not ok:  # nothing to read here (no Slurm, no kubelet, no Grace): no series
                 collected.append((name, seconds, ok))
         slurm = values.get("slurm")
         pods = values.get("kubernetes")
         return HostSample(slurm=None if slurm is None else slurm[0], kubernetes=None if pods is None else pods[0],
-                          jobs=values.get("jobs"), errors=tuple(self._errors), collected=tuple(collected),
+                          jobs=values.get("jobs"), grace=values.get("grace"), errors=tuple(self._errors),
+                          collected=tuple(collected),
                           slurm_complete=slurm is None or slurm[1], kubernetes_complete=pods is None or pods[1],
                           gpus=tuple(g.identity.uuid for g in gpus))
 

@@ -212,3 +212,44 @@ RULES: tuple[Rule, ...] = (
         applies=needs("fabric"),
     ),
 )
+
+
+# ------------------------------------------------------------------------------------ C2C
+
+
+def _c2c_link_down(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = _slow(window, uuid)
+    if slow is None or not slow.c2c.c2c_up:
+        return None
+    c2c = slow.c2c
+    up = c2c.c2c_up
+    # every link of the GPU's link count is expected up: a Grace-coupled GPU has no unpopulated C2C link.
+    # A link in the low-power state is idle, not down.
+    down = sorted((link for link, active in up.items() if not active and not c2c.c2c_low_power.get(link)), key=int)
+    active = sum(1 for v in up.values() if v)
+
+    def summary() -> str:
+        if not down:
+            return f"{gpu_label(window, uuid)} {active} of {len(up)} C2C links to the Grace CPU active"
+        since = [link for link in down if c2c.c2c_up_at_discovery.get(link) is False]
+        when = f" (inactive since discovery: {', '.join(since)})" if since else ""
+        return (f"{gpu_label(window, uuid)} C2C {'link' if len(down) == 1 else 'links'} {', '.join(down)} "
+                f"to the Grace CPU inactive{when}; {active} of {len(up)} active")
+
+    return Observation(bool(down), float(len(down)), 0.0, summary)
+
+
+RULES = RULES + (
+    Rule(
+        id="c2c_link_down",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=30.0,
+        clear_seconds=60.0,
+        every_seconds=10.0,
+        condition="A C2C link between a Grace-coupled GPU (GH200, GB200) and its Grace CPU is inactive (it was "
+                  "active at discovery, or the GPU's link count says it exists) and not in the low-power state; "
+                  "the summary names the link.",
+        evaluate=_c2c_link_down,  # every GPU: "cannot tell" without C2C readings (the c2c group has no feature)
+    ),
+)

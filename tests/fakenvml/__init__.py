@@ -63,13 +63,19 @@ field ids             source attribute                       value type
 161-163 @ link        ``nvlink_errors`` replay, recovery,    ull
                       crc_flit per link
 138, 139 @ 0xFFFFFFFF ``nvlink_traffic_kib`` (tx, rx)        ull
+185 @ 1               ``module_power_mw`` (scope MODULE)     ui
+170; 171 @ link       ``c2c_links`` (count; 1 = active)      ui
+172 @ link            ``c2c_max_bw_mbps`` (active links)     ui
+231 232 233           ``c2c_errors`` crc, replay, b2b        ull
+234 @ link            ``c2c_power_state`` (0 full, 1 low)    ui
 anything              ``fields[id] = (type, value)``         as given
 ====================  =====================================  ==========
 
 A scoped entry's key is ``(id, scopeId)`` (state file: ``field <id>:<scope>``).
 GPM: ``gpm`` (metric id -> value) writes ``gpm_supported 1`` and a ``gpm <id>
 <value>`` line per metric; ``fabric`` and ``fabric_cluster_uuid`` the fabric
-lines (fake_nvml.c says what the calls do with them).
+lines (fake_nvml.c says what the calls do with them); ``c2c_mode`` the
+``c2c_mode`` line (nvmlDeviceGetC2cModeInfoV's isC2cEnabled).
 
 ``field_errors[id] = code`` makes one entry fail. Unknown ids give a
 per-entry NOT_SUPPORTED; the old-driver build answers every id > 200 with
@@ -156,6 +162,7 @@ NEW_SYMBOLS = frozenset(
         "nvmlGpmMetricsGet",
         "nvmlDeviceGetGpuFabricInfoV",
         "nvmlGpmMigSampleGet",
+        "nvmlDeviceGetC2cModeInfoV",
     }
 )
 
@@ -453,6 +460,17 @@ class FakeGpu:
     fabric: tuple[int, int, int, int] | None = None  # (state 0-3, status, cliqueId, healthMask); None: no fabric
     fabric_cluster_uuid: str | None = None  # 32 hex digits
 
+    # Grace-coupled GPUs (GH200, GB200): C2C mode (nvmlDeviceGetC2cModeInfoV isC2cEnabled; None: NOT_SUPPORTED),
+    # the C2C links (per link: 1 active, 0 inactive; []: no C2C), their speed (MB/s, active links), the error
+    # counters (crc | replay | replay_b2b; R575+), each link's power state (0 full, 1 low; []: not reported),
+    # and the module-scope power (field 185 with scopeId 1; None: NOT_SUPPORTED, as on NVIDIA's mock)
+    c2c_mode: int | None = None
+    c2c_links: list[int] = field(default_factory=list)
+    c2c_max_bw_mbps: int | None = None
+    c2c_errors: dict[str, int] = field(default_factory=dict)
+    c2c_power_state: list[int] = field(default_factory=list)
+    module_power_mw: int | None = None
+
     # MIG: (current, pending) mode, None = no MIG (NOT_SUPPORTED); the MIG devices by slot (the index of
     # nvmlDeviceGetMigDeviceHandleByIndex). With MIG on, device-level GPM answers NOT_SUPPORTED (per
     # instance only: nvmlGpmMigSampleGet)
@@ -585,6 +603,18 @@ class FakeGpu:
         if self.nvlink_traffic_kib is not None:
             out[(138, ALL_LINKS)] = ("ull", self.nvlink_traffic_kib[0])
             out[(139, ALL_LINKS)] = ("ull", self.nvlink_traffic_kib[1])
+        if self.module_power_mw is not None:
+            out[(185, POWER_SCOPE_MODULE)] = ("ui", self.module_power_mw)
+        if self.c2c_links:
+            out[170] = ("ui", len(self.c2c_links))  # NVML_FI_DEV_C2C_LINK_COUNT
+            for link, state in enumerate(self.c2c_links):
+                out[_field_key((171, link))] = ("ui", state)  # NVML_FI_DEV_C2C_LINK_GET_STATUS, scope = link
+                if state and self.c2c_max_bw_mbps is not None:
+                    out[_field_key((172, link))] = ("ui", self.c2c_max_bw_mbps)
+            for link, state in enumerate(self.c2c_power_state):
+                out[_field_key((234, link))] = ("ui", state)  # NVML_FI_DEV_C2C_LINK_POWER_STATE
+            for name, count in self.c2c_errors.items():
+                out[C2C_ERROR_FIELDS[name]] = ("ull", count)
         out.update(self.fields)
         return out
 
@@ -689,6 +719,7 @@ class FakeGpu:
             put("fabric", *self.fabric)
             if self.fabric_cluster_uuid is not None:
                 L.append(f"fabric_cluster_uuid {self.fabric_cluster_uuid}")
+        put("c2c_mode", self.c2c_mode)
         if self.lost:
             L.append("lost 1")
         for sym in sorted(self.unsupported):
@@ -713,6 +744,8 @@ class FakeGpu:
 ALL_LINKS = 0xFFFFFFFF  # scopeId of the NVLink throughput fields: every link
 NVLINK_TOTAL_FIELDS = {"crc_flit": 38, "crc_data": 45, "replay": 52, "recovery": 59, "ecc_data": 160}
 NVLINK_LINK_FIELDS = {"replay": 161, "recovery": 162, "crc_flit": 163}  # NVML_FI_DEV_NVLINK_ERROR_DL_*
+C2C_ERROR_FIELDS = {"crc": 231, "replay": 232, "replay_b2b": 233}  # NVML_FI_DEV_C2C_LINK_ERROR_INTR/_REPLAY/_B2B
+POWER_SCOPE_MODULE = 1  # NVML_POWER_SCOPE_MODULE: GPU + Grace CPU + memory
 
 
 # NVLink5 counters (NVML_FI_DEV_NVLINK_COUNT_*), by the names gpuwatch exports them under
@@ -836,6 +869,18 @@ class FakeNode:
     @classmethod
     def h100_mig(cls, count: int = 1, **node_kw) -> FakeNode:
         return cls.from_profiles(["h100-mig"] * count, **node_kw)
+
+    @classmethod
+    def gh200(cls, count: int = 4, **node_kw) -> FakeNode:
+        """``count`` Grace Hopper superchips' GPUs (one per superchip, no NVSwitch): C2C, module power."""
+        return cls.from_profiles(["gh200"] * count, **node_kw)
+
+    @classmethod
+    def gb200(cls, count: int = 4, **node_kw) -> FakeNode:
+        """``count`` GB200 GPUs (a compute tray: 2 per Grace) on driver 580.65.06, after NVIDIA's mock
+        configuration: NVLink5 through the NVSwitches, fabric, C2C, module power."""
+        node_kw = {"driver_version": "580.65.06", "nvml_version": "13.580.65", "cuda_version": 13000, **node_kw}
+        return cls.from_profiles(["gb200"] * count, **node_kw)
 
     @classmethod
     def l40s(cls, count: int = 4, **node_kw) -> FakeNode:
@@ -1232,6 +1277,66 @@ def _h100_mig(index: int) -> FakeGpu:
     return g
 
 
+def _gh200(index: int) -> FakeGpu:
+    """A GH200 480GB's GPU (H100-class, 96 GB HBM3) in a Grace Hopper superchip without NVSwitch. No
+    capture is on file: the values are the H200 capture's where the boards agree, the module's published
+    ones otherwise, and 10 C2C links at 44,712 MB/s (NVLink-C2C's 450 GB/s a direction; assumed)."""
+    g = _h200(index)
+    g.__dict__.update(_identity("gh200", index))
+    g.name = "NVIDIA GH200 480GB"
+    g.vbios = "96.00.74.00.01"
+    g.pci_device_id, g.pci_subsystem_id = 0x234210DE, 0x16EB10DE
+    g.temperature, g.margin_temperature, g.memory_temperature = 29, 58, 33
+    g.power_mw, g.module_power_mw = 90_120, 201_350
+    g.energy_mj = 123_456_789  # module-scoped: GPU + Grace + memory
+    g.power_limit_mw = g.enforced_power_limit_mw = g.default_power_limit_mw = 900_000
+    g.power_limit_constraints_mw = (200_000, 900_000)
+    g.memory_total, g.memory_reserved = 97_871 * MIB, 576 * MIB
+    g.clocks, g.max_clocks = [345, 345, 2619, 765], [1980, 1980, 2619, 1545]
+    g.nvlink_states, g.nvlink_errors, g.nvlink_traffic_kib, g.nvlink_remotes = [], {}, None, {}
+    g.fabric = g.fabric_cluster_uuid = None
+    _grace_coupled(g)
+    return g
+
+
+def _gb200(index: int) -> FakeGpu:
+    """A GB200's GPU after NVIDIA's mock configuration (k8s-test-infra mock-nvml-config-gb200.yaml):
+    Blackwell, 192 GiB HBM3e, 1,000 W (400-1,200 W), 145 W and 36 C idle, liquid cooled (no fans), 18
+    NVLink5 links to 4 NVSwitches (the NVLink5 counters, as the B200's; no DL counters), fabric completed, C2C
+    on, power smoothing; put on an R580.65 driver by FakeNode.gb200 (throttle counters at 251-253)."""
+    g = _h200(index)
+    g.__dict__.update(_identity("gb200", index))
+    g.name = "NVIDIA GB200"
+    g.vbios = "96.00.9E.00.01"
+    g.architecture = 10  # NVML_DEVICE_ARCH_BLACKWELL
+    g.pci_device_id, g.pci_subsystem_id = 0x233010DE, 0x181710DE
+    g.cuda_cc = (10, 0)
+    g.temperature, g.margin_temperature, g.memory_temperature = 36, 49, 34
+    g.tlimit_thresholds = (-10, -5, 0, 0)  # shutdown 95, slowdown 90, max operating 85 C
+    g.power_mw, g.module_power_mw = 145_000, 262_500
+    g.energy_mj = 234_567_890
+    g.power_limit_mw = g.enforced_power_limit_mw = g.default_power_limit_mw = 1_000_000
+    g.power_limit_constraints_mw = (400_000, 1_200_000)
+    g.memory_total, g.memory_reserved = 196_608 * MIB, 1024 * MIB
+    g.clocks, g.max_clocks = [345, 345, 2500, 1200], [2100, 2100, 2500, 2100]
+    g.pcie_gen = g.pcie_max_gen = 6
+    g.nvlink_remotes = {link: (2, f"00000000:{0x01 + link % 4:02X}:00.0") for link in range(18)}
+    g.fabric_cluster_uuid = "0" * 31 + "1"
+    b200 = _b200(index)
+    g.nvlink_errors, g.nvlink5_errors, g.nvlink5_ber = {}, b200.nvlink5_errors, b200.nvlink5_ber
+    g.power_smoothing = {251: 1, 258: 92}
+    _grace_coupled(g)
+    return g
+
+
+def _grace_coupled(g: FakeGpu) -> None:
+    g.c2c_mode = 1
+    g.c2c_links = [1] * 10
+    g.c2c_max_bw_mbps = 44_712
+    g.c2c_errors = {"crc": 0, "replay": 0, "replay_b2b": 0}
+    g.c2c_power_state = [0] * 10
+
+
 def _l40s(index: int) -> FakeGpu:
     return FakeGpu(
         **_identity("l40s", index),
@@ -1353,6 +1458,8 @@ PROFILES = {
     "a100": _a100,
     "rtx4090": _rtx4090,
     "h100-mig": _h100_mig,
+    "gh200": _gh200,
+    "gb200": _gb200,
     "l40s": _l40s,
     "rtx": _rtx4080s,
     "rtx4080s": _rtx4080s,

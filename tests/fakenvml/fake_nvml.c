@@ -117,6 +117,8 @@
  *                                            Processes_v2/_v3 entries
  *   xid <seq> <xid>                          queued XID event; seq must be
  *                                            unique and increasing
+ *   c2c_mode <0|1>                           nvmlDeviceGetC2cModeInfoV
+ *                                            isC2cEnabled (absent: NOT_SUPPORTED)
  *
  * Precedence for a per-device call: block (sleep) -> not initialised (1) ->
  * bad handle / index >= gpu_count (2) -> lost (15) -> per-GPU error for the
@@ -342,7 +344,8 @@ typedef struct {
     X(nvmlDeviceIsMigDeviceHandle)                                             \
     X(nvmlDeviceGetGpuInstanceId)                                              \
     X(nvmlDeviceGetComputeInstanceId)                                          \
-    X(nvmlGpmMigSampleGet)
+    X(nvmlGpmMigSampleGet)                                                     \
+    X(nvmlDeviceGetC2cModeInfoV)
 
 #define SYM_ENUM(name) SYM_##name,
 enum { FAKE_SYMBOLS(SYM_ENUM) NSYM };
@@ -496,6 +499,7 @@ static inline void count_cpu(void)
     K(gpm_supported, 1)                                                        \
     K(fabric, 4)                                                               \
     K(mig_mode, 2)                                                             \
+    K(c2c_mode, 1)                                                             \
     K(lost, 1)
 
 #define KEY_ENUM(name, n) K_##name,
@@ -2341,6 +2345,30 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_
     info->healthMask = (unsigned int)VAL(g, fabric, 3);
     if (info->version == nvmlGpuFabricInfo_v3)
         info->healthSummary = 0;
+    END(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* C2C mode (Grace-coupled GPUs: GH200, GB200)                               */
+/* ------------------------------------------------------------------------ */
+/*
+ * State: "c2c_mode <isC2cEnabled>"; without it the call answers NOT_SUPPORTED.
+ * The structure has no version member (nvml.h: nvmlC2cModeInfo_v1_t is one
+ * unsigned int); the C2C link fields 170-172 and 231-234 are "field" lines.
+ */
+
+typedef struct {
+    unsigned int isC2cEnabled;
+} nvmlC2cModeInfo_v1_t;
+
+#if NEW_SYMBOL
+nvmlReturn_t nvmlDeviceGetC2cModeInfoV(nvmlDevice_t dev, nvmlC2cModeInfo_v1_t *info)
+{
+    BEGIN_DEV(nvmlDeviceGetC2cModeInfoV, dev);
+    NEED(info);
+    REQUIRE(g, c2c_mode);
+    info->isC2cEnabled = (unsigned int)VAL(g, c2c_mode, 0);
     END(NVML_SUCCESS);
 }
 #endif

@@ -24,6 +24,7 @@ from gpuwatch.backends.simulated.profiles import (
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups import HostSample
+from gpuwatch.groups.grace import GraceSensor
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.model import (
@@ -85,7 +86,8 @@ class SimulatedBackend:
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self._profile = PROFILES[profile]
         faults = tuple(faults or ())
-        features = self._profile.features
+        # what faults may require: the features, and the C2C links (the c2c group has no feature series)
+        features = {**self._profile.features, "c2c": self._profile.c2c_links > 0}
         for fault in faults:
             if not isinstance(fault, Fault):
                 raise ValueError(f"faults must be Fault objects, got {fault!r}")
@@ -148,7 +150,7 @@ class SimulatedBackend:
             self._check_available()
             self._open = True
             self._closed = threading.Event()
-            return DRIVER_INFO
+            return self._profile.driver or DRIVER_INFO
 
     def close(self) -> None:
         with self._lock:
@@ -177,9 +179,11 @@ class SimulatedBackend:
 
     def read_host(self, gpus: Sequence[Any] = ()) -> HostSample:
         """The host groups of the simulated node: the Slurm jobs of the active ``job`` faults (their
-        allocations and their processes' CPU use since the fault began); no kubelet."""
+        allocations and their processes' CPU use since the fault began); no kubelet; on Grace-coupled
+        profiles the Grace sockets' hwmon power sensors."""
         with self._lock:
             elapsed = self._elapsed() if self._t0 is not None else 0.0
+            grace = self._grace_sensors()
         allocations: list[JobAllocation] = []
         jobs: dict[str, JobUsage] = {}
         for fault in self._faults:
@@ -195,9 +199,28 @@ class SimulatedBackend:
                 jobs[job_id] = JobUsage("slurm", job_id, (0.9 * busy, 0.1 * busy, wait), int(2e8 * since),
                                         int(1e6 * since), p["cpus"], 6, p["cpu_busy"] if since > 0 else None,
                                         p["iowait"] if since > 0 else None)
-        return HostSample(slurm=tuple(allocations), jobs=tuple(jobs.values()),
-                          collected=(("slurm", 0.0, True), ("jobs", 0.0, True)),
-                          gpus=tuple(g.identity.uuid for g in gpus) if gpus else None)
+        collected = (("slurm", 0.0, True), ("jobs", 0.0, True)) + ((("grace", 0.0, True),) if grace else ())
+        return HostSample(slurm=tuple(allocations), jobs=tuple(jobs.values()), collected=collected,
+                          gpus=tuple(g.identity.uuid for g in gpus) if gpus else None, grace=grace)
+
+    def _grace_sensors(self) -> tuple[GraceSensor, ...] | None:
+        """Per Grace socket (``gpus_per_grace`` GPUs each): the CPU's power (its GPUs' Grace share, less a
+        fixed SysIO part), SysIO, the module (its GPUs and the Grace together) and the cap, as hwmon has
+        them; None on profiles without Grace. At the GPUs' last step (called with the lock held)."""
+        p = self._profile
+        if not p.c2c_links or not self._gpus:
+            return None
+        sensors = []
+        per = max(1, p.gpus_per_grace)
+        for socket in range((len(self._gpus) + per - 1) // per):
+            mine = self._gpus[socket * per:(socket + 1) * per]
+            grace = sum(g.grace_power for g in mine)
+            sysio = 20.0 * len(mine)
+            module = grace + sum(g.power for g in mine if not g.lost)
+            s = str(socket)
+            sensors += [GraceSensor("cap", s, p.grace_cap_watts), GraceSensor("cpu", s, round(grace - sysio, 3)),
+                        GraceSensor("module", s, round(module, 3)), GraceSensor("sysio", s, sysio)]
+        return tuple(sorted(sensors, key=lambda x: (x.sensor, int(x.socket))))
 
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
         remaining = max(0.0, float(timeout_seconds))

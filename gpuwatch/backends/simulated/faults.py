@@ -28,6 +28,7 @@ class Conditions:
     pcie_generation: int | None = None  # link trained down to this generation
     replays_per_second: float = 0.0
     nvlink_down: tuple[int, ...] = ()  # links inactive
+    c2c_down: tuple[int, ...] = ()  # C2C links (to the Grace CPU) inactive
     nvlink_errors_per_second: dict[str, float] = field(default_factory=dict)  # error kind -> rate
     fabric_state: str | None = None  # overrides "completed" (the fabric manager is not running)
     fabric_issues: tuple[str, ...] = ()  # fabric health issues reported
@@ -254,6 +255,10 @@ def _nvlink_errors(fault: Fault, c: Conditions, _since: float) -> None:
         c.nvlink_errors_per_second[kind] = c.nvlink_errors_per_second.get(kind, 0.0) + rate
 
 
+def _c2c_down(fault: Fault, c: Conditions, _since: float) -> None:
+    c.c2c_down = (*c.c2c_down, int(fault.params["link"]))
+
+
 def _fabric_manager_down(_fault: Fault, c: Conditions, _since: float) -> None:
     c.fabric_state = "not_started"
 
@@ -433,6 +438,13 @@ FAULT_KINDS: dict[str, FaultKind] = {
         requires=("nvlink",),
         during=_nvlink_errors,
     ),
+    "c2c_link_down": FaultKind(
+        "NVLink-C2C link `link` between the GPU and its Grace CPU goes inactive (the superchip's coherent "
+        "link degrades: CPU-GPU transfers slow down); the other C2C links carry on.",
+        params={"link": 3.0},
+        requires=("c2c",),  # gh200, gb200
+        during=_c2c_down,
+    ),
     "fabric_manager_down": FaultKind(
         "nvidia-fabricmanager is not running: the GPU's fabric registration stays not started until "
         "the end of the window (the fabric manager started), then completes.",
@@ -536,8 +548,9 @@ def demo_tour(
     On NVLink profiles (the HGX H200) the first GPU also loses NVLink link 5 from 60 to 300 s and
     the second one's links throw CRC errors and replays from 40 to 300 s; on fabric profiles the fabric
     manager is not running for GPU 3 for the first 200 s after start (once, as at a boot); on MIG profiles (h100-mig)
-    GPU instance 9 of the first GPU is held idle from 20 to 330 s. With fewer than 8 GPUs the last
-    three GPUs play the main parts.
+    GPU instance 9 of the first GPU is held idle from 20 to 330 s; on Grace-coupled profiles (gh200,
+    gb200) the first GPU's C2C link 3 to its Grace CPU is down from 90 to 270 s. With fewer than 8 GPUs
+    the last three GPUs play the main parts.
     """
     if not _is_number(period_seconds) or period_seconds < DEMO_TOUR_SECONDS:
         raise ValueError(f"demo tour period must be at least {DEMO_TOUR_SECONDS:.0f} s")
@@ -566,6 +579,8 @@ def demo_tour(
         interconnect.append(Fault("fabric_manager_down", 3 if gpu_count >= 8 else fan_gpu, 0, 200))
     if PROFILES[profile].mig_instances:
         interconnect = [f("mig_idle_allocation", 0, 20, 330, gpu_instance=9)]
+    if PROFILES[profile].c2c_links:
+        interconnect.append(f("c2c_link_down", 0 if gpu_count >= 4 else fan_gpu, 90, 270, link=3))
     job_gpu = 1 if gpu_count >= 8 else 0 if gpu_count >= 4 else None
     jobs = [] if job_gpu is None or PROFILES[profile].mig_instances else [f("input_starved", job_gpu, 0, 330)]
     return [

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from gpuwatch.backends.simulated.faults import FAULT_KINDS, Conditions, Fault, Health
 from gpuwatch.backends.simulated.profiles import _ALL_REASONS, _MIB, Profile, _fan_curve
 from gpuwatch.groups import fast_sample, slow_sample
+from gpuwatch.groups.c2c import ERRORS as C2C_ERRORS
 from gpuwatch.groups.mig import MigInstance, MigReading
 from gpuwatch.groups.nvlink import ERRORS as NVLINK_ERRORS
 from gpuwatch.groups.nvlink import NVLINK5_ERRORS
@@ -104,6 +105,8 @@ class _Gpu:
     sm_active: float = 0.0
     nvlink_down: tuple[int, ...] = ()
     nvlink_storm: bool = False  # flit errors accruing now (NVLink5: the effective bit error rate is high)
+    c2c_down: tuple[int, ...] = ()
+    grace_power: float = 0.0  # the GPU's share of its Grace module beyond the GPU (CPU, memory, SysIO), W
     fabric_state: str = "completed"
     fabric_issues: tuple[str, ...] = ()
     mig_idle: tuple[int, ...] = ()
@@ -229,7 +232,10 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     else:
         g.memory_used_mib = wanted
 
-    g.energy += power * dt
+    grace_idle, grace_busy = p.grace_watts
+    g.grace_power = grace_idle + (grace_busy - grace_idle) * util * (1.0 + 0.01 * jitter_power)
+    # NVML's energy counter covers the whole module on a Grace-coupled GPU
+    g.energy += (power + (g.grace_power if p.c2c_links else 0.0)) * dt
     active = {
         "sw_power_cap": capped,
         "sw_thermal_slowdown": g.sw_thermal,
@@ -254,6 +260,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     g.pcie_bytes["rx"] += pcie
     g.nvlink_down, g.fabric_state, g.fabric_issues = c.nvlink_down, c.fabric_state or "completed", c.fabric_issues
     g.nvlink_storm = c.nvlink_errors_per_second.get("crc_flit", 0.0) > 0
+    g.c2c_down = c.c2c_down
     g.mig_idle = c.mig_idle
     for error, rate in c.nvlink_errors_per_second.items():
         g.health.nvlink_errors[error] = g.health.nvlink_errors.get(error, 0.0) + rate * dt
@@ -311,6 +318,7 @@ def _fast_sample(g: _Gpu) -> FastSample:
         ),
         fans=fans,
         power_watts=round(g.power, 3),
+        module_power_watts=round(g.power + g.grace_power, 3) if p.c2c_links else None,
         energy_joules=round(g.energy, 3),
         performance_state=p.busy_pstate if g.busy else p.idle_pstate,
         utilization_ratio={} if p.mig_instances else {  # NVML has none for a MIG-enabled GPU
@@ -396,7 +404,18 @@ def _slow_sample(g: _Gpu) -> SlowSample:
         **(_nvlink(g) if p.nvlink_links else {}),
         **(_fabric(g) if p.fabric else {}),
         **({"mig": _mig_instances(g)} if p.mig_instances else {}),
+        **(_c2c(g) if p.c2c_links else {}),
     )
+
+
+def _c2c(g: _Gpu) -> dict[str, object]:
+    """The C2C links (no errors: the simulated links are clean; the detail option is the NVML backend's)."""
+    links = range(g.profile.c2c_links)
+    up = {str(link): link not in g.c2c_down for link in links}
+    return dict(c2c_up=up, c2c_low_power={str(link): False for link in links},
+                c2c_bandwidth_bytes={link: g.profile.c2c_mbps * 1e6 for link, active in up.items() if active},
+                c2c_errors={kind: 0 for kind in C2C_ERRORS},
+                c2c_up_at_discovery={str(link): True for link in links})
 
 
 def _mig_instances(g: _Gpu) -> tuple[MigInstance, ...]:

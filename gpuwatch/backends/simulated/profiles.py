@@ -78,6 +78,16 @@ class Profile:
     mig_instances: tuple[tuple[int, str, int], ...] = ()
     nvlink_generation: int = 4  # 5: NVLink5 error counters and bit error rate (Blackwell)
     power_smoothing_lifetime_percent: float | None = None  # Blackwell power-smoothing circuitry, % left
+    # Grace-coupled GPUs (GH200, GB200): NVLink-C2C links to the Grace CPU and their bandwidth (MB/s per link
+    # and direction, as 'nvidia-smi c2c -s' shows it); 0 links: no Grace. The module's power beyond the GPU
+    # (Grace CPU, its memory, SysIO), the GPU's share of it, idle and busy, in W; the module-scope power and
+    # the energy counter include it (NVML's module scope). GPUs per Grace socket, for the host's hwmon sensors.
+    c2c_links: int = 0
+    c2c_mbps: float = 0.0
+    grace_watts: tuple[float, float] = (0.0, 0.0)
+    gpus_per_grace: int = 1
+    grace_cap_watts: float = 0.0  # the Grace socket's power cap (hwmon "Grace Power Socket N")
+    driver: DriverInfo | None = None  # the driver it reports (None: DRIVER_INFO, the H200 capture's)
 
     @property
     def features(self) -> dict[str, bool]:
@@ -336,7 +346,80 @@ RTX4090 = dataclasses.replace(
     ecc=False,
 )
 
-PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG, B200, A100, RTX4090)}
+# A Grace Hopper superchip node (e.g. an MGX server with GH200 modules, one GPU per superchip, no
+# NVSwitch): the H100-class GPU with 96 GB HBM3 ("GH200 480GB": 480 GB of LPDDR5X on the Grace side), a
+# 900 W GPU limit within a 1,000 W module. No capture of a GH200 is on file: the C2C link count and speed
+# (10 links at 44,712 MB/s per direction, 'nvidia-smi c2c -s') are NVLink-C2C's published 900 GB/s
+# (450 GB/s a direction) split as the NVML GPM metrics' per-C2C-link ids suggest, and the power
+# numbers are the board's published ones; treat them as plausible, not measured.
+GH200 = dataclasses.replace(
+    H200,
+    key="gh200",
+    name="NVIDIA GH200 480GB",
+    vbios_version="96.00.74.00.01",
+    serial_prefix="1655",
+    memory_total_mib=97871,
+    memory_reserved_mib=576,
+    idle_watts=90.0,
+    full_load_watts=940.0,
+    power_limit_watts={"enforced": 900.0, "default": 900.0, "min": 200.0, "max": 900.0},
+    clock_max_mhz={"graphics": 1980.0, "sm": 1980.0, "memory": 2619.0, "video": 1545.0},
+    clock_idle_mhz={"graphics": 345.0, "sm": 345.0, "memory": 2619.0, "video": 765.0},
+    resistance_fans_stopped=0.033,  # liquid cooled
+    resistance_fans_full=0.033,
+    nvlink_links=0,
+    nvlink_gbps=0.0,
+    fabric=False,
+    c2c_links=10,
+    c2c_mbps=44712.0,
+    grace_watts=(110.0, 260.0),
+    gpus_per_grace=1,
+    grace_cap_watts=500.0,
+)
+
+# A GB200 NVL compute tray (two Grace Blackwell superchips: 4 GPUs, 2 Graces), after NVIDIA's mock-NVML
+# GB200 configuration (k8s-test-infra mock-nvml-config-gb200.yaml): 192 GiB HBM3e, 1,000 W default,
+# 400 W min, 1,200 W max, 145 W idle, 36 C idle (liquid cooled, no fans), shutdown/slowdown/max
+# operating 95/90/85 C, clocks 2,100/2,500 MHz, PCIe gen 6, 18 NVLink5 links at 53.125 GB/s through the
+# NVSwitches, fabric completed, C2C on, driver 580.65.06. The C2C link count and speed are the GH200's
+# (assumed: the mock does not model them).
+GB200 = dataclasses.replace(
+    H200,
+    key="gb200",
+    name="NVIDIA GB200",
+    architecture="blackwell",
+    vbios_version="96.00.9E.00.01",
+    serial_prefix="1562",
+    memory_total_mib=196608,
+    memory_reserved_mib=1024,
+    idle_watts=145.0,
+    full_load_watts=1150.0,
+    power_limit_watts={"enforced": 1000.0, "default": 1000.0, "min": 400.0, "max": 1200.0},
+    clock_max_mhz={"graphics": 2100.0, "sm": 2100.0, "memory": 2500.0, "video": 2100.0},
+    clock_idle_mhz={"graphics": 345.0, "sm": 345.0, "memory": 2500.0, "video": 1200.0},
+    ambient_celsius=33.0,  # the coolant's
+    resistance_fans_stopped=0.021,  # 36 C at 145 W idle; liquid cooled
+    resistance_fans_full=0.021,
+    gpu_max_celsius=85.0,
+    slowdown_celsius=90.0,
+    shutdown_celsius=95.0,
+    memory_temperature=(0.0, 0.95),  # 34 C at 36 C
+    pcie_max_generation=6,
+    pcie_idle_generation=6,
+    nvlink_links=18,
+    nvlink_gbps=53.125,
+    fabric=True,
+    c2c_links=10,
+    c2c_mbps=44712.0,
+    grace_watts=(60.0, 150.0),  # half a Grace's CPU, memory and SysIO per GPU
+    gpus_per_grace=2,
+    grace_cap_watts=500.0,
+    nvlink_generation=5,
+    power_smoothing_lifetime_percent=92.0,
+    driver=DriverInfo(driver_version="580.65.06", nvml_version="13.580.65", cuda_driver_version="13.0"),
+)
+
+PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG, B200, A100, RTX4090, GH200, GB200)}
 
 
 def _fan_curve(temperature: float) -> float:

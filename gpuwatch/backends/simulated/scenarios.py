@@ -67,7 +67,7 @@ def _burn(gpu: int, start: float, end: float | None, utilization: float = 1.0) -
 
 
 def _healthy(profile: str, gpu_count: int) -> Scenario:
-    slow_cap = {"rtx6000": 0.6, "h200": 0.7, "t4": 0.6, "h100-mig": 0.7}[profile]
+    slow_cap = {"rtx6000": 0.6, "h200": 0.7, "t4": 0.6, "h100-mig": 0.7, "gh200": 0.7, "gb200": 0.7}[profile]
     return Scenario(
         name=f"healthy-{profile}",
         description=(
@@ -107,6 +107,7 @@ def scenarios() -> dict[str, Scenario]:
         _healthy("h200", 4),
         _healthy("h100-mig", 4),
         _healthy("t4", 4),
+        _healthy("gb200", 4),
         one("fan_stalled",
             "GPU 2 runs a burn job; at 2 min its fan stops (0 RPM) while the driver keeps asking for "
             "more and the GPU heats; it spins again at 6 min.",
@@ -231,6 +232,11 @@ def scenarios() -> dict[str, Scenario]:
             "board is serviced at 8 min.",
             "b200", [Fault("power_smoothing_worn", 2, 120, 480)],
             gpu=2, latency=30, end=480, recovery=30),
+        one("c2c_link_down",
+            "GH200 GPU 1's NVLink-C2C link 3 to its Grace CPU goes down from 2 to 8 min under a burn job; its "
+            "9 other C2C links and the other superchips' links stay up.",
+            "gh200", [_burn(1, 0, 600), Fault("c2c_link_down", 1, 120, 480)],
+            gpu=1, latency=30, end=480, recovery=30),
         one("fabric_not_ready",
             "nvidia-fabricmanager is not running at boot on an HGX H200 node: GPU 0's fabric registration "
             "stays not started for 6 minutes, then the fabric manager is started and it completes.",

@@ -1,0 +1,125 @@
+"""The grace group's reader: Grace CPU, SysIO and module power and the Grace cap from hwmon.
+
+``root`` (``--collector.grace.hwmon-root``, default /sys/class/hwmon) holds one ``hwmon<N>`` entry
+per sensor chip. A Grace socket's power sensors each have a ``power1_oem_info`` (in the entry's
+``device/`` directory, where DCGM reads it, or in the entry itself) whose text names them:
+
+=========================  ================  ==================
+power1_oem_info            value file        reading
+=========================  ================  ==================
+CPU Power Socket N         power1_average    sensor cpu, µW
+SysIO Power Socket N       power1_average    sensor sysio, µW
+Module Power Socket N      power1_average    sensor module, µW
+Grace Power Socket N       power1_cap        the cap, µW
+=========================  ================  ==================
+
+Other chips (coretemp, nvme, acpitz, ...) have no power1_oem_info and are passed over without a
+word. A Grace sensor whose files cannot be read or whose text is not a number of microwatts from 0
+to 100 kW (garbage, bytes that are not UTF-8, a negative or absurd number, a file missing) is left
+out: one warning names the file (again at most once an hour while it stays bad), the read counts
+an error (gpuwatch_collector_errors_total{group="grace"}), and every valid sensor is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuwatch.groups.grace import GraceSensor
+from gpuwatch.logs import get_logger
+
+_NAME = re.compile(r"(CPU|SysIO|Module|Grace) Power Socket (\d{1,3})")
+_SENSOR = {"CPU": "cpu", "SysIO": "sysio", "Module": "module", "Grace": "cap"}
+_MAX_MICROWATTS = 100_000 * 1_000_000  # 100 kW: nothing on one socket draws that; more is garbage
+_MAX_BYTES = 256  # a sensor file holds one short line; more is not a sensor's
+_WARN_EVERY = 3600.0  # seconds between two warnings about the same file
+_MAX_ENTRIES = 4096  # hwmon entries looked at per read: a runaway directory costs no more than this
+
+
+class GraceHwmon:
+    """``read() -> tuple[GraceSensor, ...] | None``: None when the node has no Grace sensor at all."""
+
+    def __init__(self, root: str, monotonic: Callable[[], float],
+                 errors: list[tuple[str, str]] | None = None) -> None:
+        self._root = Path(root)
+        self._monotonic = monotonic
+        self._errors = errors if errors is not None else []
+        self._warned: dict[str, float] = {}  # file -> monotonic time of its last warning
+        self._log = get_logger(component="grace")
+
+    def read(self) -> tuple[GraceSensor, ...] | None:
+        try:
+            entries = sorted(e for e in os.listdir(self._root) if e.startswith("hwmon"))[:_MAX_ENTRIES]
+        except OSError:  # no hwmon class at all (a container without /sys, a non-Linux host)
+            return None
+        found: dict[tuple[str, str], GraceSensor] = {}
+        seen = False
+        for entry in entries:
+            named = self._name(self._root / entry)
+            if named is None:
+                continue
+            seen = True
+            directory, sensor, socket = named
+            value = self._microwatts(directory / ("power1_cap" if sensor == "cap" else "power1_average"))
+            if value is not None and (sensor, socket) not in found:
+                found[(sensor, socket)] = GraceSensor(sensor, socket, value / 1e6)
+        if not seen:
+            return None
+        return tuple(sorted(found.values(), key=lambda s: (s.sensor, int(s.socket))))
+
+    def _name(self, entry: Path) -> tuple[Path, str, str] | None:
+        """(the directory of the sensor's files, sensor, socket) of a Grace entry; None for any other."""
+        for directory in (entry / "device", entry):
+            path = directory / "power1_oem_info"
+            raw = _small(path)
+            if raw is None:
+                continue
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                self._bad(path, "not UTF-8 text")
+                return None
+            match = _NAME.fullmatch(text)
+            if match is None:
+                return None  # some other chip's power sensor: not ours
+            return directory, _SENSOR[match.group(1)], str(int(match.group(2)))
+        return None
+
+    def _microwatts(self, path: Path) -> int | None:
+        raw = _small(path)
+        if raw is None:
+            self._bad(path, "missing or unreadable")
+            return None
+        try:
+            value = int(raw.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            self._bad(path, "not a number")
+            return None
+        if not 0 <= value <= _MAX_MICROWATTS:
+            self._bad(path, "out of range")
+            return None
+        return value
+
+    def _bad(self, path: Path, why: str) -> None:
+        self._errors.append(("grace", "bad_sensor"))
+        key = str(path)
+        now = self._monotonic()
+        last = self._warned.get(key)
+        if last is not None and now - last < _WARN_EVERY:
+            return
+        if last is None and len(self._warned) >= _MAX_ENTRIES:
+            return
+        self._warned[key] = now
+        self._log.warning("grace_sensor_skipped", file=key, reason=why,
+                          hint="the sensor is left out; the node's other Grace sensors are still read")
+
+
+def _small(path: Path) -> bytes | None:
+    """The first bytes of a sysfs file, or None when it cannot be read (absent, a directory, EIO)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(_MAX_BYTES)
+    except OSError:
+        return None
