@@ -33,11 +33,11 @@ def labels(node, i, **extra):
 
 def test_gh200_reads_module_power_c2c_links_and_their_detail(start):
     """Module power from field 185 with scopeId 1 beside the GPU's own power; the energy counter as NVML
-    gives it (module-scoped on these GPUs); with --collector.c2c.detail the 10 links, their bandwidth
-    and the error counters."""
+    gives it (module-scoped on these GPUs); at defaults the 10 links, their bandwidth and the error counters,
+    and the c2c feature."""
     node = fakenvml.FakeNode.gh200(2)
     node.gpus[1].c2c_errors = {"crc": 3, "replay": 7, "replay_b2b": 1}
-    d = start(node, args=["--collector.c2c.detail"])
+    d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     g0 = labels(node, 0)
     assert d.value("gpuwatch_power_watts", **g0) == pytest.approx(90.12)
@@ -45,6 +45,7 @@ def test_gh200_reads_module_power_c2c_links_and_their_detail(start):
     assert d.value("gpuwatch_energy_joules_total", **g0) == pytest.approx(123_456.789)
     assert d.value("gpuwatch_c2c_links", **labels(node, 0, state="active")) == 10
     assert d.value("gpuwatch_c2c_links", **labels(node, 0, state="inactive")) == 0
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="c2c")) == 1
     assert d.value("gpuwatch_c2c_bandwidth_bytes_per_second", **g0) == 10 * C2C_MBPS * 1e6
     for error, count in {"crc": 3, "replay": 7, "replay_b2b": 1}.items():
         assert d.value("gpuwatch_c2c_errors_total", **labels(node, 1, error=error)) == count, error
@@ -58,7 +59,7 @@ def test_gh200_reads_module_power_c2c_links_and_their_detail(start):
 
 def test_c2c_link_down_fires_naming_the_link_and_low_power_is_not_down(start, tmp_path):
     """Link 3 of GPU 0 inactive fires c2c_link_down on GPU 0 alone, its summary naming link 3; GPU 1's
-    link 5 inactive in the low-power state is idle, not down. At defaults nothing of C2C is exported."""
+    link 5 inactive in the low-power state is idle, not down (and counted active)."""
     node = fakenvml.FakeNode.gh200(2)
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {c2c_link_down: {hold: 0, clear: 0}}\n")
@@ -72,8 +73,8 @@ def test_c2c_link_down_fires_naming_the_link_and_low_power_is_not_down(start, tm
     started = [e for e in d.events() if e["event"] == "anomaly_started" and e["rule"] == "c2c_link_down"]
     assert [e["gpu"] for e in started] == ["0"]
     assert "C2C link 3 to the Grace CPU inactive; 9 of 10 active" in started[0]["summary"]
-    m = d.metrics()
-    assert not [k for k in m if k[0].startswith("gpuwatch_c2c_")]  # --collector.c2c.detail is off
+    assert d.value("gpuwatch_c2c_links", **labels(node, 0, state="inactive")) == 1
+    assert d.value("gpuwatch_c2c_links", **labels(node, 1, state="inactive")) == 0  # low power: idle, not down
     assert d.value("gpuwatch_anomaly", rule="c2c_link_down", severity="critical", **labels(node, 1)) is None
     node.gpus[0].c2c_links[3] = 1
     d.fx.write(node)
@@ -83,7 +84,7 @@ def test_c2c_link_down_fires_naming_the_link_and_low_power_is_not_down(start, tm
 
 def test_gb200_defaults_stay_within_the_series_budget(start):
     """A GB200 (NVLink5, fabric, GPM, C2C) at defaults: at most 100 series per GPU with its module power;
-    the C2C detail is opt-in; the driver is the mock configuration's."""
+    C2C at defaults; the driver is the mock configuration's."""
     node = fakenvml.FakeNode.gb200(2)
     d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
@@ -102,15 +103,17 @@ def test_gb200_defaults_stay_within_the_series_budget(start):
 
 def test_gpus_without_c2c_are_asked_once_and_show_no_module_power(start):
     """An x86 HGX H200 and an L40S: C2C mode is asked once per GPU at discovery, never again; no module
-    power (the H200 answers NOT_SUPPORTED for the module scope, as NVIDIA's mock does), no C2C series."""
+    power (the H200 answers NOT_SUPPORTED for the module scope, as NVIDIA's mock does), no C2C series and no
+    c2c feature series (a class of hardware they do not have)."""
     node = fakenvml.FakeNode.from_profiles(["h200", "l40s"])
-    d = start(node, args=["--collector.c2c.detail"])
+    d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     at_start = d.fx.counts()["nvmlDeviceGetTemperatureV"]
     wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= at_start + 6, what="three more polls")
     assert d.fx.counts()["nvmlDeviceGetC2cModeInfoV"] == 2
     m = d.metrics()
     assert not [k for k in m if k[0].startswith("gpuwatch_c2c_") or k[0] == "gpuwatch_module_power_watts"]
+    assert not [k for k in m if k[0] == "gpuwatch_gpu_feature_supported" and dict(k[1])["feature"] == "c2c"]
     assert d.value("gpuwatch_power_watts", **labels(node, 0)) == pytest.approx(77.67)
 
 
@@ -118,7 +121,7 @@ def test_an_old_driver_without_the_c2c_mode_call_still_reads_the_links(start):
     """Without nvmlDeviceGetC2cModeInfoV (FUNCTION_NOT_FOUND) the link count decides; the R575 error
     counters are INVALID_ARGUMENT on that driver and stay absent."""
     node = fakenvml.FakeNode.gh200(1)
-    d = start(node, old_driver=True, args=["--collector.c2c.detail"])
+    d = start(node, old_driver=True)
     d.wait_value("gpuwatch_c2c_links", 10, **labels(node, 0, state="active"))
     assert d.value("gpuwatch_module_power_watts", **labels(node, 0)) == pytest.approx(201.35)
     assert not [k for k in d.metrics() if k[0] == "gpuwatch_c2c_errors_total"]
@@ -129,7 +132,7 @@ def test_a_grace_gpu_without_module_scope_power_says_so_once(start):
     per GPU at discovery, and the C2C links are read all the same."""
     node = fakenvml.FakeNode.gh200(1)
     node.gpus[0].module_power_mw = None
-    d = start(node, args=["--collector.c2c.detail"])
+    d = start(node)
     d.wait_value("gpuwatch_c2c_links", 10, **labels(node, 0, state="active"))
     assert d.value("gpuwatch_module_power_watts", **labels(node, 0)) is None
     assert d.value("gpuwatch_power_watts", **labels(node, 0)) == pytest.approx(90.12)

@@ -108,7 +108,7 @@ def full_slow_sample():
         fabric_health={"degraded_bandwidth": True, "route_unhealthy": False},
         mig=(MigInstance(2, 0, "MIG-6f7d2b7c-0a4d-5c1e-9a55-3f1b2c4d5e6f", "3g.40gb"), MigInstance(9)),
         c2c_up={"0": True, "1": False}, c2c_low_power={"0": False, "1": True},
-        c2c_bandwidth_bytes={"0": 44712e6}, c2c_errors={"crc": 3, "replay": 0}, c2c_detail=True,
+        c2c_bandwidth_bytes={"0": 44712e6}, c2c_errors={"crc": 3, "replay": 0},
         c2c_up_at_discovery={"0": True, "1": True},
         errors=("gpu_is_lost",),
     )

@@ -15,11 +15,10 @@ poll reads, in the tier's one field-values batch (no call of its own):
   read them as device fields: asking every link's scope could count one total once per link where
   NVML ignores the scope, so they are read once.
 
-The rule c2c_link_down reads the link states whatever is exported. On a C2C GPU the GPU's energy
-counter (gpuwatch_energy_joules_total) covers the whole module, not the GPU alone (the power group,
-docs/metrics.md). At defaults the group exports nothing and has no feature series: an H200 or GB200
-already emits 99 series per GPU of the contract's 100 and the power group's module power takes the
-last one; ``--collector.c2c.detail`` exports the link states, the bandwidth and the error counters.
+The rule c2c_link_down reads the link states. On a C2C GPU the GPU's energy counter
+(gpuwatch_energy_joules_total) covers the whole module, not the GPU alone (the power group,
+docs/metrics.md). C2C is a class of hardware: its feature series (``c2c``) and its families exist only on
+GPUs that have it (6 series a Grace-coupled GPU), none elsewhere.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ class C2c:
     c2c_low_power: Mapping[str, bool] = field(default_factory=dict)  # link -> in the low-power state
     c2c_bandwidth_bytes: Mapping[str, float] = field(default_factory=dict)  # link -> max bytes/s, per direction
     c2c_errors: Mapping[str, int] = field(default_factory=dict)  # crc | replay | replay_b2b -> count
-    c2c_detail: bool | None = None  # True: export the detail families (--collector.c2c.detail)
     c2c_up_at_discovery: Mapping[str, bool] = field(default_factory=dict)  # a fact of discovery, for the rule
 
 
@@ -69,7 +67,13 @@ class Nvml:
                                  if (_POWER_STATE, link) in answered and dev.field((_POWER_STATE, link), "slow"))
         errors = dev.values(ERRORS.values()) if on else {}
         self.errors = tuple((name, fid) for name, fid in ERRORS.items() if fid in errors and dev.field(fid, "slow"))
-        self.detail = on and bool(dev.option("detail"))
+        # the feature is the hardware: C2C mode on (or links counted); links that cannot be read are said once
+        dev.feature("c2c", on or enabled is True)
+        if enabled is True and not on:
+            get_logger(component="c2c").warning(
+                "c2c_links_unreadable", hint="the driver says C2C is enabled but answers no C2C link count or link "
+                                             "status (fields 170/171): no C2C link series and no c2c_link_down on "
+                                             "this GPU; check `nvidia-smi c2c -s`")
         if on and not dev.values([_MODULE_POWER]):  # the power group reads it; a C2C GPU should have it
             get_logger(component="c2c").info(
                 "module_power_unavailable", links=len(self.links),
@@ -103,7 +107,7 @@ class Nvml:
             value = q.field(fid)
             if value is not None:
                 errors[name] = int(value)
-        return C2c(up, low, bandwidth, errors, self.detail or None, self.at_discovery)
+        return C2c(up, low, bandwidth, errors, self.at_discovery)
 
 
 def _c2c_enabled(dev: Device) -> bool | None:
@@ -118,9 +122,9 @@ def _c2c_enabled(dev: Device) -> bool | None:
 
 
 def render(emit: Emit, fast: None, slow: C2c | None) -> None:
-    if slow is None or not slow.c2c_up or not slow.c2c_detail:
+    if slow is None or not slow.c2c_up:
         return
-    active = sum(1 for up in slow.c2c_up.values() if up)
+    active = sum(1 for link, up in slow.c2c_up.items() if up or slow.c2c_low_power.get(link))
     emit("gpuwatch_c2c_links", ("active",), active)
     emit("gpuwatch_c2c_links", ("inactive",), len(slow.c2c_up) - active)
     if slow.c2c_bandwidth_bytes:
@@ -132,24 +136,23 @@ def render(emit: Emit, fast: None, slow: C2c | None) -> None:
 GROUP = Group(
     name="c2c",
     help="NVLink-C2C links between a Grace-coupled GPU and its Grace CPU (GH200, GB200): state, bandwidth, errors",
+    features=("c2c",),
+    hardware=("c2c",),
     slow="c2c",
     nvml=Nvml,
     fields={_LINK_COUNT: "C2C link count"},
-    options={"detail": (False, "export gpuwatch_c2c_links, gpuwatch_c2c_bandwidth_bytes_per_second and "
-                               "gpuwatch_c2c_errors_total (6 series per Grace-coupled GPU; the rule c2c_link_down "
-                               "reads the links either way)")},
     render=render,
     specs=(
         Spec("gpuwatch_c2c_links", "gauge", G + ("state",),
-             "How many of the GPU's NVLink-C2C links (to its Grace CPU) are active / inactive; with "
-             "--collector.c2c.detail (field NVML_FI_DEV_C2C_LINK_GET_STATUS per link; 'nvidia-smi c2c -s')."),
+             "How many of the GPU's NVLink-C2C links (to its Grace CPU) are active / inactive; a link "
+             "in low power counts as active (field NVML_FI_DEV_C2C_LINK_GET_STATUS per link; 'nvidia-smi c2c -s')."),
         Spec("gpuwatch_c2c_bandwidth_bytes_per_second", "gauge", G,
              "Maximum bandwidth of the GPU's active NVLink-C2C links together, per direction, in bytes per second; "
-             "drops when a link goes down; with --collector.c2c.detail (field NVML_FI_DEV_C2C_LINK_GET_MAX_BW per "
+             "drops when a link goes down (field NVML_FI_DEV_C2C_LINK_GET_MAX_BW per "
              "link, MB/s; 'nvidia-smi c2c -s')."),
         Spec("gpuwatch_c2c_errors_total", "counter", G + ("error",),
-             "NVLink-C2C link errors: crc, replay, replay_b2b (back-to-back replays); R575+ drivers; with "
-             "--collector.c2c.detail (fields NVML_FI_DEV_C2C_LINK_ERROR_INTR/_REPLAY/_REPLAY_B2B; DCGM "
+             "NVLink-C2C link errors: crc, replay, replay_b2b (back-to-back replays); R575+ drivers "
+             "(fields NVML_FI_DEV_C2C_LINK_ERROR_INTR/_REPLAY/_REPLAY_B2B; DCGM "
              "DCGM_FI_DEV_C2C_LINK_ERROR_*)."),
     ),
 )

@@ -409,7 +409,7 @@ def _slow_sample(g: _Gpu) -> SlowSample:
 
 
 def _c2c(g: _Gpu) -> dict[str, object]:
-    """The C2C links (no errors: the simulated links are clean; the detail option is the NVML backend's)."""
+    """The C2C links (no errors: the simulated links are clean)."""
     links = range(g.profile.c2c_links)
     up = {str(link): link not in g.c2c_down for link in links}
     return dict(c2c_up=up, c2c_low_power={str(link): False for link in links},

@@ -114,6 +114,7 @@ class Profile:
             "fabric": self.fabric,
             "mig": bool(self.mig_instances),
             "power_smoothing": self.power_smoothing_lifetime_percent is not None,
+            "c2c": self.c2c_links > 0,
         }
         return {feature: supported[feature] for feature in FEATURES}
 
