@@ -76,6 +76,8 @@ class Profile:
     # MIG instances (GPU instance id, profile, frame buffer MiB); with MIG on, the GPU has no utilization
     # and no device-level GPM (per instance only) and NVLink is not reported
     mig_instances: tuple[tuple[int, str, int], ...] = ()
+    # the driver reports the recovery action (NVML field 230, R570+: every capture's driver says "None")
+    recovery_action: bool = True
 
     @property
     def features(self) -> dict[str, bool]:
@@ -101,6 +103,7 @@ class Profile:
             "nvlink": self.nvlink_links > 0,
             "fabric": self.fabric,
             "mig": bool(self.mig_instances),
+            "recovery_action": self.recovery_action,
         }
         return {feature: supported[feature] for feature in FEATURES}
 
