@@ -38,6 +38,9 @@ FEATURE_SERIES = {
     "fabric": ("gpuwatch_fabric_state", {"state": "completed"}),
     "mig": ("gpuwatch_mig_instance_info", {}),
 }
+# Features whose family is sparse: absent at its quiet value (recovery action 0, none: the series budget),
+# so only "unsupported -> absent" holds.
+SPARSE_FEATURE_SERIES = {"recovery_action": "gpuwatch_recovery_action"}
 # Every GPU of every backend has these.
 ALWAYS = ("gpuwatch_gpu_info", "gpuwatch_gpu_up", "gpuwatch_temperature_celsius", "gpuwatch_clock_hertz",
           "gpuwatch_memory_total_bytes", "gpuwatch_memory_used_bytes", "gpuwatch_memory_free_bytes",
@@ -118,10 +121,12 @@ def test_features_match_the_series_present(exposition):
     assert len(gpus) == 2
     for uuid, series in gpus.items():
         features = {l["feature"]: v for n, l, v in series if n == "gpuwatch_gpu_feature_supported"}
-        assert set(features) == set(FEATURE_SERIES), backend
+        assert set(features) == set(FEATURE_SERIES) | set(SPARSE_FEATURE_SERIES), backend
         for feature, (family, match) in FEATURE_SERIES.items():
             present = any(n == family and all(l.get(k) == v for k, v in match.items()) for n, l, _ in series)
             assert present == bool(features[feature]), (backend, uuid, feature)
+        for feature, family in SPARSE_FEATURE_SERIES.items():
+            assert features[feature] or not any(n == family for n, _, _ in series), (backend, uuid, feature)
         for family in ALWAYS:
             assert any(n == family for n, _, _ in series), (backend, family)
 

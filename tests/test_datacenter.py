@@ -204,15 +204,18 @@ def test_a_driver_before_r570_is_asked_the_v2_structure_once_it_refuses_v3(start
 
 
 def test_the_driver_s_recovery_action_fires_its_rule_and_names_the_action(start, tmp_path):
-    """Field 230 through the real binding: 0 (None, as every capture's driver says) is exported and quiet; a
-    node reboot fires recovery_action_required at once with what to do; back at none it clears; a value
-    gpuwatch does not know is exported as the driver's number, called unknown and logged once."""
+    """Field 230 through the real binding: 0 (None, as every capture's driver says) is quiet and has no series
+    (sparse; the feature says the driver reports it); a node reboot fires recovery_action_required at once
+    with what to do; back at none it clears; a value gpuwatch does not know is exported as the driver's
+    number, called unknown and logged once."""
     node = fakenvml.FakeNode.h200(2)
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {recovery_action_required: {clear: 0}}\n")
     d = start(node, args=["--config", str(config)])
-    d.wait_value("gpuwatch_recovery_action", 0, **labels(node, 1))
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="recovery_action")) == 1
+    assert d.value("gpuwatch_recovery_action", **labels(node, 1)) is None
+    assert d.value("gpuwatch_anomaly_onsets_total", rule="recovery_action_required") == 0
     node.gpus[1].recovery_action = 2  # NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
     node.add_xid(gpu=1, xid=154)
     d.fx.write(node)
@@ -226,6 +229,7 @@ def test_the_driver_s_recovery_action_fires_its_rule_and_names_the_action(start,
     node.gpus[1].recovery_action = 0  # rebooted
     d.fx.write(node)
     d.wait_value("gpuwatch_anomaly", None, rule="recovery_action_required", severity="critical", **labels(node, 1))
+    assert d.value("gpuwatch_recovery_action", **labels(node, 1)) is None
     node.gpus[0].recovery_action = 9  # a newer driver's action
     d.fx.write(node)
     d.wait_value("gpuwatch_recovery_action", 9, **labels(node, 0))

@@ -307,6 +307,7 @@ def _present(feature: str, fast: FastSample, slow: SlowSample) -> bool:
         "nvlink": bool(slow.nvlink.nvlink_up) and bool(slow.nvlink.nvlink_errors),
         "fabric": slow.fabric.fabric_state is not None,
         "mig": bool(fast.mig) and bool(slow.mig) and all(r.sm_active_ratio is not None for r in fast.mig),
+        "recovery_action": slow.recovery.recovery_action is not None,
     }[feature]
 
 

@@ -4,7 +4,9 @@ Slow tier, one entry of the tier's field-values batch: NVML_FI_DEV_GET_GPU_RECOV
 nvidia-smi -q "GPU Recovery Action"), which replaces the deprecated reset-status fields 226/227. After
 an uncorrectable error the driver says what it takes to get the GPU back: nothing, a GPU reset, a node
 reboot, draining peer-to-peer traffic, ... (``ACTIONS``). Older drivers answer the entry with an error:
-feature ``recovery_action`` 0, no series. A value this table does not know is logged once per GPU and
+feature ``recovery_action`` 0. ``gpuwatch_recovery_action`` is sparse: present only while the driver asks
+for an action (0, none, is what almost every GPU says forever; the series budget has no room for it).
+A value this table does not know is logged once per GPU and
 value and exported as the driver's number, never given a meaning; the rule recovery_action_required
 calls it unknown.
 
@@ -65,7 +67,9 @@ class Nvml:
 
 
 def render(emit: Emit, fast: None, slow: Recovery | None) -> None:
-    if slow is not None:
+    # sparse, like gpuwatch_anomaly: 0 (none) is what almost every GPU says forever, and the contract's
+    # series budget has no room for it; the feature series says whether the driver reports the action
+    if slow is not None and slow.recovery_action:
         emit("gpuwatch_recovery_action", (), slow.recovery_action)
 
 
@@ -81,7 +85,9 @@ GROUP = Group(
         Spec("gpuwatch_recovery_action", "gauge", G,
              "The recovery action the driver asks for, as NVML's number: 0 none, 1 GPU reset, 2 node reboot, "
              "3 drain peer-to-peer, 4 drain and reset, 5 recover the IMEX domain, 6 PCIe bus reset, 7 system "
-             "reboot (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; nvidia-smi 'GPU Recovery Action'). Anything but 0: "
-             "the rule recovery_action_required fires."),
+             "reboot (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; nvidia-smi 'GPU Recovery Action'). Present only while "
+             "the driver asks for an action, absent while it asks for none (0), like gpuwatch_anomaly; "
+             "gpuwatch_gpu_feature_supported{feature=\"recovery_action\"} says whether the driver reports it. "
+             "Present: the rule recovery_action_required fires."),
     ),
 )
