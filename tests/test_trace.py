@@ -102,6 +102,9 @@ def full_slow_sample():
         nvlink_link_errors={("3", "replay"): 4, ("17", "crc_flit"): 0},
         nvlink_per_link=True,
         fabric_health={"degraded_bandwidth": True, "route_unhealthy": False},
+        fabric_health_summary="limited_capacity",
+        fabric_configuration="insufficient_nvlinks",
+        recovery_action=2,
         mig=(MigInstance(2, 0, "MIG-6f7d2b7c-0a4d-5c1e-9a55-3f1b2c4d5e6f", "3g.40gb"), MigInstance(9)),
         errors=("gpu_is_lost",),
     )

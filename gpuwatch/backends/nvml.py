@@ -453,8 +453,8 @@ class _MigDevices:
 
 
 def _stateful(function: str, handle: Any, args: tuple[Any, ...]) -> Any:
-    """The funnel's calls that keep state between polls (GPM's sample pair, MIG devices); None for
-    the others."""
+    """The funnel's calls that keep state between polls (GPM's sample pair, MIG devices, the fabric
+    structure version the driver takes); None for the others."""
     if function == "nvmlGpmMetricsGet":
         return _GpmPair(handle, tuple(args[0])) if hasattr(N, "c_nvmlGpmMetricsGet_t") else None
     if function == "gpuwatch.mig":
