@@ -29,6 +29,7 @@ from gpuwatch import groups
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.groups.xid import describe as describe_xid
 from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSample, ProcessInfo, SlowSample
 from gpuwatch.store import Store
@@ -395,8 +396,10 @@ class Poller:
         if events:
             index = {g.identity.uuid: str(g.identity.index) for g in self._store.snapshot().gpus}
             for event in events:
+                meaning, severity, action = describe_xid(event.xid)  # the one XID table (groups/xid.py)
                 self._repeats.log("warning", "xid_event", ("xid_event", event.uuid, event.xid), uuid=event.uuid,
-                                  gpu=index.get(event.uuid, ""), xid=event.xid)
+                                  gpu=index.get(event.uuid, ""), xid=event.xid, meaning=meaning,
+                                  xid_severity=severity, action=action)
 
     # -- scheduling ----------------------------------------------------------------------------
     def _on_max_instances(self, event: JobExecutionEvent) -> None:

@@ -41,6 +41,9 @@ FEATURE_SERIES = {
     "power_smoothing": ("gpuwatch_power_smoothing_lifetime_remaining_ratio", {}),
 }
 HARDWARE_FEATURES = groups.HARDWARE_FEATURES
+# Features whose family is sparse: absent at its quiet value (recovery action 0, none: the series budget),
+# so only "unsupported -> absent" holds.
+SPARSE_FEATURE_SERIES = {"recovery_action": "gpuwatch_recovery_action"}
 # Every GPU of every backend has these.
 ALWAYS = ("gpuwatch_gpu_info", "gpuwatch_gpu_up", "gpuwatch_temperature_celsius", "gpuwatch_clock_hertz",
           "gpuwatch_memory_total_bytes", "gpuwatch_memory_used_bytes", "gpuwatch_memory_free_bytes",
@@ -123,11 +126,14 @@ def test_features_match_the_series_present(exposition):
         features = {l["feature"]: v for n, l, v in series if n == "gpuwatch_gpu_feature_supported"}
         # a class of hardware the GPU does not have (NVLink on a PCIe card) has no feature series; every
         # other feature is 1 or 0
-        assert set(FEATURE_SERIES) - HARDWARE_FEATURES <= set(features) <= set(FEATURE_SERIES), backend
+        assert set(FEATURE_SERIES) - HARDWARE_FEATURES <= set(features) - set(SPARSE_FEATURE_SERIES), backend
+        assert set(features) <= set(FEATURE_SERIES) | set(SPARSE_FEATURE_SERIES), backend
         assert all(features[f] == 1 for f in set(features) & HARDWARE_FEATURES), backend
         for feature, (family, match) in FEATURE_SERIES.items():
             present = any(n == family and all(l.get(k) == v for k, v in match.items()) for n, l, _ in series)
             assert present == bool(features.get(feature)), (backend, uuid, feature)
+        for feature, family in SPARSE_FEATURE_SERIES.items():
+            assert features[feature] or not any(n == family for n, _, _ in series), (backend, uuid, feature)
         for family in ALWAYS:
             assert any(n == family for n, _, _ in series), (backend, family)
 

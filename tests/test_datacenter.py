@@ -52,11 +52,11 @@ def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
     assert d.value("gpuwatch_nvlink_link_up", **labels(node, 0, link="0")) is None  # per-link is opt-in
     # fabric: registration completed, successfully; the capture's health N/A is absent
     for state, value in (("completed", 1), ("in_progress", 0), ("not_started", 0)):
-        assert d.value("gpuwatch_fabric_state", **labels(node, 1, state=state)) == value
+        assert d.value("gpuwatch_fabric_state", **labels(node, 1, state=state)) == (value or None)
     m = d.metrics()
     assert not [k for k in m if k[0] == "gpuwatch_fabric_health_issue"]
-    info = [dict(k[1]) for k in m if k[0] == "gpuwatch_fabric_info"]
-    assert {(i["cluster_uuid"], i["clique_id"]) for i in info} == {("00000000-0000-0000-0000-000000000000", "0")}
+    # the HGX baseboard's clique 0 and all-zero cluster say nothing: no fabric_info series
+    assert not [k for k in m if k[0] == "gpuwatch_fabric_info"]
     for feature in ("gpm", "nvlink", "fabric"):
         assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == 1
     # GPM costs 2 calls per GPU and fast poll (one sample, one metrics get), the probe took the first sample
@@ -134,7 +134,7 @@ def test_fabric_states_status_and_health(start, tmp_path):
     config.write_text("rules: {fabric_not_ready: {hold: 0}, fabric_degraded: {hold: 0}}\n")
     d = start(node, args=["--config", str(config)])
     d.wait_value("gpuwatch_fabric_state", 1, **labels(node, 0, state="not_started"))
-    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 0
+    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) is None  # one series: the state
     d.wait_value("gpuwatch_anomaly", 1, rule="fabric_not_ready", severity="critical", **labels(node, 0))
     degraded_true, unhealthy_false = 1 << 0, 2 << 4
     g.fabric = (3, 999, 7, degraded_true | unhealthy_false)  # completed with NVML_ERROR_UNKNOWN
@@ -150,10 +150,95 @@ def test_fabric_states_status_and_health(start, tmp_path):
     status = d.get("/api/v1/status")[1]
     assert "completed with error unknown" in status, status
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="degraded_bandwidth")) == 1
-    assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="route_unhealthy")) == 0
+    assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="route_unhealthy")) is None  # sparse
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="route_recovery")) is None
     assert d.value("gpuwatch_fabric_info", **labels(node, 0, cluster_uuid="01234567-89ab-cdef-0123-456789abcdef",
                                                    clique_id="7")) == 1
+
+
+def test_fabric_health_summary_and_configuration_from_the_v3_structure(start, tmp_path):
+    """A driver that knows the v3 structure (R570+) answers the health summary: gpuwatch_fabric_health_summary
+    is NVML's number and fabric_degraded fires on limited capacity or unhealthy; the mask's incorrect
+    configuration fires it too and is named; the capture's N/A (0) stays absent."""
+    node = fakenvml.FakeNode.h200(2)
+    g = node.gpus[0]
+    g.fabric = (3, 0, 0, 1 | 2 << 2 | 2 << 4 | 2 << 6 | 1 << 8)  # degraded bandwidth; configuration: none
+    g.fabric_health_summary = 3  # NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY
+    config = tmp_path / "gpuwatch.yml"
+    config.write_text("rules: {fabric_degraded: {hold: 0}}\n")
+    d = start(node, args=["--config", str(config)])
+    d.wait_value("gpuwatch_fabric_health_summary", 3, **labels(node, 0))
+    assert d.value("gpuwatch_fabric_health_summary", **labels(node, 1)) is None  # N/A: absent, never 0
+    d.wait_value("gpuwatch_anomaly", 1, rule="fabric_degraded", severity="warning", **labels(node, 0))
+    status = d.get("/api/v1/status")[1]
+    assert "fabric health limited capacity: degraded bandwidth" in status, status
+    # a healthy summary, no issue, but too few NVLinks in the configuration: still degraded, named
+    g.fabric = (3, 0, 0, 2 | 2 << 2 | 2 << 4 | 2 << 6 | 5 << 8)
+    g.fabric_health_summary = 1
+    d.fx.write(node)
+    d.wait_value("gpuwatch_fabric_health_summary", 1, **labels(node, 0))
+    wait_for(lambda: "incorrect configuration (insufficient nvlinks)" in d.get("/api/v1/status")[1],
+             what="the configuration in the summary")
+    assert d.value("gpuwatch_anomaly", rule="fabric_degraded", severity="warning", **labels(node, 1)) is None
+    assert d.value("gpuwatch_poll_errors_total", tier="slow", error="argument_version_mismatch") is None
+
+
+def test_a_driver_before_r570_is_asked_the_v2_structure_once_it_refuses_v3(start):
+    """The driver answers v3 with ARGUMENT_VERSION_MISMATCH: gpuwatch reads v2 (the health mask, no summary)
+    from then on, without an error per poll."""
+    node = fakenvml.FakeNode.h200(1)
+    g = node.gpus[0]
+    g.fabric = (3, 0, 0, 1)  # degraded bandwidth
+    g.fabric_health_summary = None  # before R570: no v3
+    d = start(node)
+    d.wait_value("gpuwatch_fabric_health_issue", 1, **labels(node, 0, issue="degraded_bandwidth"))
+    assert d.value("gpuwatch_fabric_health_summary", **labels(node, 0)) is None
+    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 1
+    at_start = d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"]
+    wait_for(lambda: d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"] >= at_start + 3, what="three more slow polls")
+    assert d.value("gpuwatch_collector_success", group="fabric") == 1
+    assert d.value("gpuwatch_poll_errors_total", tier="slow", error="argument_version_mismatch") is None
+    d.stop()
+    counts = d.fx.counts()
+    polls = counts["nvmlDeviceGetGpuFabricInfoV"] - 2  # discovery: v3 refused, then v2
+    assert polls >= 3 and counts.get("nvmlDeviceGetGpuFabricInfo", 0) == 0
+
+
+def test_the_driver_s_recovery_action_fires_its_rule_and_names_the_action(start, tmp_path):
+    """Field 230 through the real binding: 0 (None, as every capture's driver says) is quiet and has no series
+    (sparse; the feature says the driver reports it); a node reboot fires recovery_action_required at once
+    with what to do; back at none it clears; a value gpuwatch does not know is exported as the driver's
+    number, called unknown and logged once."""
+    node = fakenvml.FakeNode.h200(2)
+    config = tmp_path / "gpuwatch.yml"
+    config.write_text("rules: {recovery_action_required: {clear: 0}}\n")
+    d = start(node, args=["--config", str(config)])
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="recovery_action")) == 1
+    assert d.value("gpuwatch_recovery_action", **labels(node, 1)) is None
+    assert d.value("gpuwatch_anomaly_onsets_total", rule="recovery_action_required") == 0
+    node.gpus[1].recovery_action = 2  # NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    node.add_xid(gpu=1, xid=154)
+    d.fx.write(node)
+    d.wait_value("gpuwatch_anomaly", 1, rule="recovery_action_required", severity="critical", **labels(node, 1))
+    assert d.value("gpuwatch_recovery_action", **labels(node, 1)) == 2
+    assert d.value("gpuwatch_anomaly", rule="recovery_action_required", severity="critical", **labels(node, 0)) is None
+    [started] = [e for e in d.events() if e["event"] == "anomaly_started" and e["rule"] == "recovery_action_required"]
+    assert started["summary"] == "GPU 1 the driver asks for recovery action node_reboot: drain the node and reboot it"
+    [xid] = [e for e in d.events() if e["event"] == "xid_event"]
+    assert (xid["xid"], xid["meaning"]) == (154, "GPU recovery action changed")
+    node.gpus[1].recovery_action = 0  # rebooted
+    d.fx.write(node)
+    d.wait_value("gpuwatch_anomaly", None, rule="recovery_action_required", severity="critical", **labels(node, 1))
+    assert d.value("gpuwatch_recovery_action", **labels(node, 1)) is None
+    node.gpus[0].recovery_action = 9  # a newer driver's action
+    d.fx.write(node)
+    d.wait_value("gpuwatch_recovery_action", 9, **labels(node, 0))
+    d.wait_value("gpuwatch_anomaly", 1, rule="recovery_action_required", severity="critical", **labels(node, 0))
+    assert "recovery action unknown (9)" in d.get("/api/v1/status")[1]
+    slow_polls = d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"]  # one per GPU and slow poll
+    wait_for(lambda: d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"] >= slow_polls + 6, what="three more slow polls")
+    assert len([e for e in d.events() if e["event"] == "unknown_recovery_action"]) == 1
 
 
 def test_old_driver_without_gpm_and_versioned_fabric_call(start):
@@ -164,6 +249,9 @@ def test_old_driver_without_gpm_and_versioned_fabric_call(start):
     assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 1  # GetGpuFabricInfo
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="degraded_bandwidth")) is None
     assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 18
+    # no field 230 before R570: feature 0, no series
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="recovery_action")) == 0
+    assert d.value("gpuwatch_recovery_action", **labels(node, 0)) is None
     assert d.value("gpuwatch_poll_errors_total", tier="fast", error="function_not_found") is None
 
 

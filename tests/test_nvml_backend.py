@@ -210,6 +210,15 @@ def test_xid_event_becomes_a_counter(start):
     assert d.value("gpuwatch_xid_errors_total", **labels(node, 0, xid="79")) is None
     events = [e for e in d.events() if e["event"] == "xid_event"]
     assert len(events) == 1 and events[0]["xid"] == 79 and events[0]["gpu"] == "1"
+    # the one XID table says what it is and what to do (stable keys of the log event)
+    assert (events[0]["meaning"], events[0]["xid_severity"], events[0]["action"]) == (
+        "GPU has fallen off the bus", "critical", "reboot the node; contact support if it recurs")
+    node.add_xid(gpu=0, xid=999)  # a code the table does not know: unknown, never a guess
+    d.fx.write(node)
+    d.wait_value("gpuwatch_xid_errors_total", 1, **labels(node, 0, xid="999"))
+    unknown = wait_for(lambda: [e for e in d.events() if e["event"] == "xid_event" and e["xid"] == 999],
+                       what="the xid_event of 999")
+    assert (unknown[0]["meaning"], unknown[0]["action"]) == ("unknown XID", "see NVIDIA's Xid catalog")
 
 
 def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
@@ -236,10 +245,10 @@ def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
     features = {dict(k[1])["feature"] for k in m if k[0] == "gpuwatch_gpu_feature_supported"}
     # the H200's data-center hardware (GPM, NVLink, the fabric) is 1; no MIG enabled, no power smoothing: absent
     assert features == {"energy", "memory_temperature", "pcie", "power", "power_limit", "temperature_margin",
-                        "utilization", "gpm", "nvlink", "fabric"}
+                        "utilization", "gpm", "nvlink", "fabric", "recovery_action"}
     groups_seen = {dict(k[1])["group"]: v for k, v in m.items() if k[0] == "gpuwatch_collector_success"}
     assert groups_seen == {"thermal": 1, "power": 1, "utilization": 1, "memory": 1, "pcie": 1, "gpm": 1,
-                           "nvlink": 1, "fabric": 1, "mig": 1, "jobs": 1}  # jobs: no NVML, no job here
+                           "nvlink": 1, "fabric": 1, "mig": 1, "recovery": 1, "jobs": 1}  # jobs: no NVML, no job here
     assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="gpu")) == node.gpus[0].temperature
 
 

@@ -452,22 +452,78 @@ def test_xid_critical_fires_for_allowlisted_codes_within_the_lookback():
     recent = gpu(0, xid_counts={79: 1}, xid_last_timestamp={79: WALL - 120})
     obs = evaluate("xid_critical", window(snapshot(recent)))
     assert obs.active and obs.value == 79.0
-    assert obs.summary == "GPU 0 XID 79 (GPU has fallen off the bus) 2 min ago, 1 since start"
+    assert obs.summary == ("GPU 0 XID 79 (GPU has fallen off the bus) 2 min ago, 1 since start: reboot the node; "
+                           "contact support if it recurs")
     old = gpu(0, xid_counts={79: 1}, xid_last_timestamp={79: WALL - 3600})
     assert not evaluate("xid_critical", window(snapshot(old))).active
     assert not evaluate("xid_critical", window(snapshot(recent), now=NOW + 900)).active
 
 
-@pytest.mark.parametrize("code", [13, 31, 43, 45, 63, 94])
+@pytest.mark.parametrize("code", [13, 31, 43, 45, 63, 94, 154, 999])
 def test_application_xids_never_fire(code):
-    """Application faults (13, 31, 43, 45) and the informational 63 / contained 94 are not critical."""
+    """Application faults (13, 31, 43, 45), the informational 63 / contained 94, the recovery action's 154
+    (recovery_action_required says it) and a code nobody knows are not critical."""
     state = gpu(0, xid_counts={code: 50}, xid_last_timestamp={code: WALL - 1})
     assert not evaluate("xid_critical", window(snapshot(state))).active
 
 
 def test_critical_xid_allowlist():
-    assert set(CRITICAL_XIDS) == {48, 62, 64, 74, 79, 95, 119, 120, 140}
+    """The critical rows of the one XID table (tests/test_xids.py pins it): the nine codes that were
+    critical before it are still there, no application fault is."""
+    assert {48, 62, 64, 74, 79, 95, 119, 120, 140} <= set(CRITICAL_XIDS)
     assert not {13, 31, 43} & set(CRITICAL_XIDS)
+
+
+def test_xid_critical_names_the_newest_code_its_meaning_and_action():
+    """A GPU timeout (158, critical in NVIDIA's catalog: reset the GPU) after an older 48: the summary is about
+    the newest, with its meaning and action, and mentions the other."""
+    state = gpu(0, xid_counts={48: 2, 158: 1}, xid_last_timestamp={48: WALL - 600, 158: WALL - 60})
+    obs = evaluate("xid_critical", window(snapshot(state)))
+    assert obs.active and obs.value == 158.0
+    assert obs.summary == ("GPU 0 XID 158 (GPU fatal timeout) 1 min ago, 1 since start (also XID 48): "
+                           "reset the GPU (nvidia-smi -r) once drained")
+
+
+@pytest.mark.parametrize("action, words", [
+    (1, "recovery action gpu_reset: drain the GPU and reset it (nvidia-smi -r)"),
+    (2, "recovery action node_reboot: drain the node and reboot it"),
+    (3, "recovery action drain_p2p: drain peer-to-peer (P2P) traffic: drain the jobs on the node"),
+    (7, "recovery action system_reboot: drain the node and reboot the system"),
+    (42, "recovery action unknown (42): see `nvidia-smi -q`"),
+])
+def test_recovery_action_required_fires_on_any_action_and_says_what_to_do(action, words):
+    state = gpu(0, slow=slow_sample(recovery_action=action), features={**H200_FEATURES, "recovery_action": True})
+    obs = evaluate("recovery_action_required", window(snapshot(state)))
+    assert obs.active and obs.value == float(action)
+    assert obs.summary.startswith(f"GPU 0 the driver asks for {words}"), obs.summary
+
+
+def test_recovery_action_none_is_quiet_and_unsupported_cannot_tell():
+    quiet = gpu(0, slow=slow_sample(recovery_action=0), features={**H200_FEATURES, "recovery_action": True})
+    obs = evaluate("recovery_action_required", window(snapshot(quiet)))
+    assert not obs.active and obs.summary == "GPU 0 the driver asks for no recovery action"
+    assert evaluate("recovery_action_required", window(snapshot(gpu(0, slow=slow_sample())))) is None
+    down = gpu(0, slow=slow_sample(recovery_action=2), up=False)
+    assert evaluate("recovery_action_required", window(snapshot(down))) is None
+
+
+def _fabric(**readings):
+    return gpu(0, slow=slow_sample(fabric_state="completed", fabric_status="success", **readings))
+
+
+@pytest.mark.parametrize("readings, active, summary", [
+    ({"fabric_health_summary": "healthy"}, False, "GPU 0 fabric health healthy: no issue reported"),
+    ({"fabric_health_summary": "limited_capacity", "fabric_health": {"degraded_bandwidth": True}}, True,
+     "GPU 0 fabric health limited capacity: degraded bandwidth"),
+    ({"fabric_health_summary": "unhealthy"}, True, "GPU 0 fabric health unhealthy: no issue reported"),
+    ({"fabric_configuration": "insufficient_nvlinks", "fabric_health": {"route_unhealthy": False}}, True,
+     "GPU 0 fabric health: incorrect configuration (insufficient nvlinks)"),
+    ({"fabric_configuration": "none", "fabric_health": {"degraded_bandwidth": False}}, False,
+     "GPU 0 fabric health: no issue reported"),
+])
+def test_fabric_degraded_reads_the_health_summary_and_the_configuration(readings, active, summary):
+    obs = evaluate("fabric_degraded", window(snapshot(_fabric(**readings))))
+    assert obs.active is active and obs.summary == summary
 
 
 def _ecc(uncorrected_volatile, uncorrected_aggregate=None):

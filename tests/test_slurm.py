@@ -559,3 +559,37 @@ def test_check_drain_resume_from_the_command_line(tmp_path, fake):
         assert (rc, out) == (78, "")
     finally:
         d.stop()
+
+
+def test_a_driver_requested_reboot_drains_through_check_drain(tmp_path, fake):
+    """The driver asks for a node reboot (field 230 = 2, with XID 154): recovery_action_required fires at the
+    next slow poll (hold 0) and `gpuwatch check --drain` drains the node with a reason that names the action;
+    the XID 154 itself fires nothing (it is informational: the action is the rule's)."""
+    node = fakenvml.FakeNode.h200(2)
+    fx = fakenvml.prepare(tmp_path, node)
+    env = fake_env(fx)
+    d = Daemon(tmp_path, env)
+    env = {**env, "PATH": os.environ["PATH"], "FAKE_SCONTROL_LOG": str(fake.log),
+           "FAKE_SCONTROL_STATE": str(fake.state)}
+    argv = [sys.executable, "-m", "gpuwatch", "check", "--web.listen-address", d.base.removeprefix("http://"),
+            "--drain", "--node", NODE, "--state-file", str(tmp_path / "state" / "check-state.json")]
+    try:
+        d.wait_value("gpuwatch_gpu_feature_supported", 1, gpu="1", uuid=node.gpus[1].uuid, feature="recovery_action")
+        assert d.value("gpuwatch_recovery_action", gpu="1", uuid=node.gpus[1].uuid) is None  # none: no series
+        node.gpus[1].recovery_action = 2  # NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+        node.add_xid(gpu=1, xid=154)
+        fx.write(node)
+        d.wait_value("gpuwatch_anomaly", 1, gpu="1", uuid=node.gpus[1].uuid, rule="recovery_action_required",
+                     severity="critical")
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+    finally:
+        d.stop()
+    reason = "gpuwatch: GPU 1 recovery_action_required: the driver asks for recovery action node_reboot: drain the " \
+             "node and reboot it"
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "gpuwatch: CRITICAL: GPU 1 recovery_action_required: GPU 1 the driver asks for recovery action node_reboot: "
+        "drain the node and reboot it",
+        f"gpuwatch: drained node {NODE} (Reason={reason})"]
+    assert fake.updates() == [["update", f"NodeName={NODE}", "State=DRAIN", f"Reason={reason}"]]
+    assert fake.node()["state"] == "IDLE+DRAIN" and fake.node()["reason"] == reason

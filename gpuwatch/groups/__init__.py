@@ -33,6 +33,7 @@ from gpuwatch.groups import (
     pcie,
     power,
     processes,
+    recovery,
     slurm,
     thermal,
     utilization,
@@ -54,14 +55,15 @@ from gpuwatch.groups.nvlink import NvLink
 from gpuwatch.groups.pcie import Pcie
 from gpuwatch.groups.power import Power, PowerLimits
 from gpuwatch.groups.processes import GpuProcess
+from gpuwatch.groups.recovery import Recovery
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.groups.thermal import TemperatureLimits, Temperatures
 from gpuwatch.groups.utilization import Utilization
 
 GROUPS: tuple[Group, ...] = (
     thermal.GROUP, fans.GROUP, power.GROUP, clocks.GROUP, utilization.GROUP, memory.GROUP,
-    ecc.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP, gpm.GROUP, nvlink.GROUP, fabric.GROUP, mig.GROUP,
-    slurm.GROUP, kubernetes.GROUP, jobs.GROUP, c2c.GROUP, grace.GROUP,
+    ecc.GROUP, recovery.GROUP, pcie.GROUP, xid.GROUP, processes.GROUP, gpm.GROUP, nvlink.GROUP, fabric.GROUP,
+    mig.GROUP, slurm.GROUP, kubernetes.GROUP, jobs.GROUP, c2c.GROUP, grace.GROUP,
 )
 BY_NAME: Mapping[str, Group] = {g.name: g for g in GROUPS}
 DEFAULT_ENABLED: frozenset[str] = frozenset(g.name for g in GROUPS if g.default)
@@ -116,6 +118,7 @@ class SlowSample:
     fabric: Fabric = Fabric()
     mig: tuple[MigInstance, ...] = ()  # the MIG devices, on MIG-enabled GPUs
     c2c: C2c = C2c()
+    recovery: Recovery = Recovery()
     errors: tuple[str, ...] = ()
     collected: tuple[tuple[str, float, bool], ...] = ()
 

@@ -2,13 +2,18 @@
 
 The registration's status (success, or the error it completed with) is read too: the rule
 fabric_not_ready fires on an error status and its summary names it (no series of its own: the
-contract's series budget).
+contract's series budget). So is the health mask's incorrect-configuration field (which
+misconfiguration: a wrong system GUID or chassis serial, no partition, too few NVLinks, ...): the rule
+fabric_degraded fires on it and names it (no series of its own either: at defaults an NVL72 GPU is at
+the 100-series budget).
 
-Slow tier: nvmlDeviceGetGpuFabricInfoV (the v2 structure, with the health mask), falling back to
-nvmlDeviceGetGpuFabricInfo on older drivers. On an NVSwitch system the fabric manager registers
-every GPU at boot; until the state is "completed" with status success, CUDA fails with "system not
-yet initialized" (the classic HGX failure: nvidia-fabricmanager is not running). PCIe cards answer
-NOT_SUPPORTED (or the state NOT_SUPPORTED): feature 0, never called again.
+Slow tier: nvmlDeviceGetGpuFabricInfoV with the v3 structure (R570 and newer: the health summary,
+healthy / unhealthy / limited capacity, exported as gpuwatch_fabric_health_summary), else the v2
+structure (the health mask only), else nvmlDeviceGetGpuFabricInfo on older drivers. On an NVSwitch
+system the fabric manager registers every GPU at boot; until the state is "completed" with status
+success, CUDA fails with "system not yet initialized" (the classic HGX failure: nvidia-fabricmanager
+is not running). PCIe cards answer NOT_SUPPORTED (or the state NOT_SUPPORTED): feature 0, never
+called again.
 """
 
 from __future__ import annotations
@@ -23,6 +28,15 @@ STATES: Mapping[int, str] = {1: "not_started", 2: "in_progress", 3: "completed"}
 # 0 = not supported by this GPU or driver (absent)
 HEALTH: Mapping[str, int] = {"degraded_bandwidth": 0, "route_recovery": 2, "route_unhealthy": 4,
                              "access_timeout_recovery": 6}
+# the incorrect-configuration field (NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_*): 4 bits at shift 8,
+# 0 not supported, 1 none, else which misconfiguration
+_CONFIG_SHIFT, _CONFIG_WIDTH = 8, 0xF
+CONFIGURATION: Mapping[int, str] = {
+    1: "none", 2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition", 5: "insufficient_nvlinks",
+    6: "incompatible_gpu_fw", 7: "invalid_location", 8: "gpu_state_invalid",
+}
+# the health summary of the v3 structure (NVML_GPU_FABRIC_HEALTH_SUMMARY_*): 0 not supported (absent)
+SUMMARIES: Mapping[int, str] = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +46,10 @@ class Fabric:
     fabric_health: Mapping[str, bool] = field(default_factory=dict)  # issue -> present
     fabric_cluster_uuid: str | None = None
     fabric_clique_id: int | None = None
+    # the driver's verdict (v3 structure): healthy | unhealthy | limited_capacity; None: not reported
+    fabric_health_summary: str | None = None
+    # which misconfiguration the mask reports ("none" when none; "unknown (N)" for a value not in NVML's list)
+    fabric_configuration: str | None = None
 
 
 def _uuid(raw: bytes) -> str:
@@ -58,23 +76,32 @@ class Nvml:
         state = STATES.get(info["state"])
         mask = info.get("health_mask")
         health = {}
+        configuration = None
         if mask is not None:
             for issue, shift in HEALTH.items():
                 bits = (mask >> shift) & 0x3
                 if bits in (1, 2):
                     health[issue] = bits == 1
+            config = (mask >> _CONFIG_SHIFT) & _CONFIG_WIDTH
+            if config:
+                configuration = CONFIGURATION.get(config, f"unknown ({config})")
         return Fabric(state, info["status"] if state == "completed" else None, health,
-                      _uuid(info["cluster_uuid"]), int(info["clique_id"]))
+                      _uuid(info["cluster_uuid"]), int(info["clique_id"]),
+                      SUMMARIES.get(info.get("health_summary") or 0), configuration)
 
 
 def render(emit: Emit, fast: None, slow: Fabric | None) -> None:
     if slow is None or slow.fabric_state is None:
         return
-    for state in STATES.values():
-        emit("gpuwatch_fabric_state", (state,), slow.fabric_state == state)
-    for issue, present in slow.fabric_health.items():
-        emit("gpuwatch_fabric_health_issue", (issue,), present)
-    if slow.fabric_cluster_uuid is not None:
+    # one series, the current state (a state set's 0 series would cost two a GPU for nothing: `== 1` reads it)
+    emit("gpuwatch_fabric_state", (slow.fabric_state,), 1)
+    for issue, present in slow.fabric_health.items():  # sparse, like gpuwatch_anomaly: only while reported
+        if present:
+            emit("gpuwatch_fabric_health_issue", (issue,), 1)
+    summary = next((value for value, name in SUMMARIES.items() if name == slow.fabric_health_summary), None)
+    emit("gpuwatch_fabric_health_summary", (), summary)
+    if slow.fabric_cluster_uuid is not None and (slow.fabric_clique_id or slow.fabric_cluster_uuid.strip("0-")):
+        # an HGX baseboard (one node's NVSwitches) reports clique 0 and an all-zero cluster: nothing to say
         emit("gpuwatch_fabric_info", (slow.fabric_cluster_uuid, str(slow.fabric_clique_id)), 1)
 
 
@@ -88,14 +115,20 @@ GROUP = Group(
     render=render,
     specs=(
         Spec("gpuwatch_fabric_state", "gauge", G + ("state",),
-             "1 for the GPU's current fabric registration state (not_started, in_progress, completed), 0 for the "
-             "others (nvmlDeviceGetGpuFabricInfoV state; 'Fabric State'). Not completed: CUDA fails with "
-             "'system not yet initialized' (is nvidia-fabricmanager running?)."),
+             "Always 1, one series: the GPU's current fabric registration state (not_started, in_progress, "
+             "completed) in the state label (nvmlDeviceGetGpuFabricInfoV state; 'Fabric State'). Not completed: CUDA "
+             "fails with 'system not yet initialized' (is nvidia-fabricmanager running?)."),
         Spec("gpuwatch_fabric_health_issue", "gauge", G + ("issue",),
              "1 while the fabric reports the health issue (degraded_bandwidth, route_recovery, route_unhealthy, "
-             "access_timeout_recovery), 0 while not; absent where the driver does not report it "
-             "(nvmlDeviceGetGpuFabricInfoV healthMask; 'Fabric Health')."),
+             "access_timeout_recovery); absent otherwise, like gpuwatch_anomaly (whether the driver reports health "
+             "at all: gpuwatch_fabric_health_summary) (nvmlDeviceGetGpuFabricInfoV healthMask; 'Fabric Health')."),
+        Spec("gpuwatch_fabric_health_summary", "gauge", G,
+             "The driver's fabric health summary, as NVML's number: 1 healthy, 2 unhealthy, 3 limited capacity; "
+             "absent where the driver does not report one (nvmlDeviceGetGpuFabricInfoV v3 healthSummary, R570+). "
+             "2 or 3: the rule fabric_degraded fires."),
         Spec("gpuwatch_fabric_info", "gauge", G + ("cluster_uuid", "clique_id"),
-             "Always 1: the fabric cluster and clique the GPU belongs to ('ClusterUUID', 'CliqueId')."),
+             "Always 1: the fabric cluster and clique the GPU belongs to ('ClusterUUID', 'CliqueId'); only where "
+             "they say something (an NVL72 rack's multi-node NVLink domain), not for an HGX baseboard's clique 0 "
+             "and all-zero cluster."),
     ),
 )

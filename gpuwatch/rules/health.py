@@ -10,26 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from gpuwatch.groups.recovery import ACTIONS as RECOVERY_ACTIONS
+from gpuwatch.groups.xid import CRITICAL_XIDS as CRITICAL_XID_CODES
+from gpuwatch.groups.xid import XIDS
 from gpuwatch.model import FastSample, GpuState, Observation, SlowSample
 from gpuwatch.rules.base import History, Rule, RuleConfig, Window, needs
 from gpuwatch.rules.thermal import gpu_label
 
-#: XID codes that mean the GPU (not the application) is in trouble, with NVIDIA's descriptions
-#: (docs.nvidia.com/deploy/xid-errors). Application faults such as 13 (graphics engine exception),
-#: 31 (GPU memory page fault), 43 (GPU stopped processing) and 45 (preemptive cleanup) are not
-#: here, nor are 63 (a row remap / page retirement was recorded: row_remap_pending and
-#: retired_pages_pending cover it) and 94 (contained ECC error: ecc_uncorrectable covers it).
-CRITICAL_XIDS: Mapping[int, str] = {
-    48: "double-bit ECC error",
-    62: "internal micro-controller halt",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-}
+#: XID codes that mean the GPU (not the application) is in trouble, with their meanings: the critical
+#: rows of gpuwatch's one XID table (gpuwatch/groups/xid.py, from NVIDIA's Xid catalog). Application
+#: faults such as 13 (graphics engine exception), 31 (GPU memory page fault), 43 (GPU stopped processing)
+#: and 45 (preemptive cleanup) are not here, nor are 63 (a row remap / page retirement was recorded:
+#: row_remap_pending and retired_pages_pending cover it) and 94 (contained ECC error: ecc_uncorrectable
+#: covers it), nor 154 (the recovery action changed: recovery_action_required covers it).
+CRITICAL_XIDS: Mapping[int, str] = {code: XIDS[code][0] for code in sorted(CRITICAL_XID_CODES)}
 
 
 def _up_state(window: Window, uuid: str) -> GpuState | None:
@@ -86,9 +80,29 @@ def _xid_critical(window: Window, uuid: str, config: RuleConfig) -> Observation 
     age, code = recent[0]
     others = "" if len(recent) == 1 else f" (also XID {', '.join(str(c) for _, c in recent[1:])})"
     count = state.xid_counts.get(code, 0)
+    meaning, _, action = XIDS[code]
     return Observation(True, float(code), lookback,
-                       f"{label} XID {code} ({CRITICAL_XIDS[code]}) {max(0.0, age) / 60:.0f} min ago, "
-                       f"{count} since start{others}")
+                       f"{label} XID {code} ({meaning}) {max(0.0, age) / 60:.0f} min ago, "
+                       f"{count} since start{others}: {action}")
+
+
+# ------------------------------------------------------------------------------------ recovery
+
+
+def _recovery_action_required(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
+    slow = _slow(window, uuid)
+    action = None if slow is None else slow.recovery.recovery_action
+    if action is None:
+        return None
+    name, what = RECOVERY_ACTIONS.get(action, (f"unknown ({action})", "see `nvidia-smi -q` (GPU Recovery Action) "
+                                                                      "and NVIDIA's docs; drain the node meanwhile"))
+
+    def summary() -> str:
+        if action == 0:
+            return f"{gpu_label(window, uuid)} the driver asks for no recovery action"
+        return f"{gpu_label(window, uuid)} the driver asks for recovery action {name}: {what}"
+
+    return Observation(action != 0, float(action), 0.0, summary)
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -240,11 +254,25 @@ RULES: tuple[Rule, ...] = (
         severity="critical",
         hold_seconds=0.0,
         clear_seconds=0.0,
-        condition="The last XID event of a code on the critical list (48, 62, 64, 74, 79, 95, 119, "
-                  "120, 140) happened within the lookback.",
+        condition="The last XID event of a code on the critical list ("
+                  + ", ".join(map(str, CRITICAL_XIDS)) + "; docs/runbooks.md has the table) happened within the "
+                  "lookback; the summary names the code's meaning and the action NVIDIA's Xid catalog gives.",
         evaluate=_xid_critical,
         params={"lookback_seconds": 900.0},
         applies=needs("xid_events"),
+    ),
+    Rule(
+        id="recovery_action_required",
+        scope="gpu",
+        severity="critical",
+        hold_seconds=0.0,
+        clear_seconds=60.0,
+        every_seconds=5.0,
+        condition="The driver asks for a recovery action (NVML field 230, R570 and newer): anything but none, "
+                  "such as a GPU reset, a node reboot or draining peer-to-peer traffic; the summary says which "
+                  "and what to do, and `gpuwatch check --drain` drains the node for it.",
+        evaluate=_recovery_action_required,
+        applies=needs("recovery_action"),
     ),
     Rule(
         id="ecc_uncorrectable",

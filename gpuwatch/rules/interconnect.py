@@ -149,10 +149,17 @@ def _fabric_degraded(window: Window, uuid: str, config: RuleConfig) -> Observati
         return None
     if fabric.fabric_state != "completed":  # not registered: fabric_not_ready's case, not this one's
         return Observation(False, 0.0, 0.0, lambda: f"{gpu_label(window, uuid)} fabric not registered")
-    issues = sorted(issue for issue, present in fabric.fabric_health.items() if present)
-    return Observation(bool(issues), float(len(issues)), 0.0,
-                       lambda: f"{gpu_label(window, uuid)} fabric health: "
-                               f"{', '.join(i.replace('_', ' ') for i in issues) or 'no issue reported'}")
+    issues = sorted(issue.replace("_", " ") for issue, present in fabric.fabric_health.items() if present)
+    if fabric.fabric_configuration not in (None, "none"):
+        issues.append(f"incorrect configuration ({str(fabric.fabric_configuration).replace('_', ' ')})")
+    verdict = fabric.fabric_health_summary
+    degraded = bool(issues) or verdict in ("unhealthy", "limited_capacity")
+
+    def summary() -> str:
+        said = "" if verdict is None else f" {verdict.replace('_', ' ')}"
+        return f"{gpu_label(window, uuid)} fabric health{said}: {', '.join(issues) or 'no issue reported'}"
+
+    return Observation(degraded, float(len(issues) + (verdict in ("unhealthy", "limited_capacity"))), 0.0, summary)
 
 
 RULES: tuple[Rule, ...] = (
@@ -207,7 +214,8 @@ RULES: tuple[Rule, ...] = (
         clear_seconds=60.0,
         every_seconds=10.0,
         condition="The fabric reports a health issue (degraded bandwidth, route recovery, unhealthy route, "
-                  "access-timeout recovery) while the registration itself is fine.",
+                  "access-timeout recovery, an incorrect configuration) or the driver's health summary is "
+                  "unhealthy or limited capacity (R570+), while the registration itself is fine.",
         evaluate=_fabric_degraded,
         applies=needs("fabric"),
     ),

@@ -438,6 +438,9 @@ class FakeGpu:
     ecc_errors: dict[tuple[int, int], int] | None = None  # (errType 0 SBE/1 DBE, counter 0 VOL/1 AGG)
     remapped_rows: tuple[int, int, int, int] | None = None  # (corr, unc, pending, failure)
     retired_pages_pending: int | None = None
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230, R570+): every capture's driver reports it ("GPU Recovery
+    # Action: None" = 0); None: a driver without it (the entry fails)
+    recovery_action: int | None = 0
     # field id (74-79, 269-271: the R580.126+ numbering; written under the node's driver branch's ids) -> ns
     throttle_ns: dict[int, int] = field(default_factory=dict)
     # power smoothing (Blackwell), by its R580.126+ id (251 enabled, 258 HW circuitry % lifetime remaining, ...)
@@ -459,6 +462,10 @@ class FakeGpu:
     nvlink_remotes: dict[int, tuple[int, str]] = field(default_factory=dict)
     fabric: tuple[int, int, int, int] | None = None  # (state 0-3, status, cliqueId, healthMask); None: no fabric
     fabric_cluster_uuid: str | None = None  # 32 hex digits
+    # the driver answers nvmlDeviceGetGpuFabricInfoV's v3 structure (R570+) with this health summary (0 not
+    # supported, 1 healthy, 2 unhealthy, 3 limited capacity); None: a driver before R570, which answers the
+    # v3 version ARGUMENT_VERSION_MISMATCH (v2 still works)
+    fabric_health_summary: int | None = 0
 
     # Grace-coupled GPUs (GH200, GB200): C2C mode (nvmlDeviceGetC2cModeInfoV isC2cEnabled; None: NOT_SUPPORTED),
     # the C2C links (per link: 1 active, 0 inactive; []: no C2C), their speed (MB/s, active links), the error
@@ -575,6 +582,8 @@ class FakeGpu:
         if self.remapped_rows is not None:
             for fid, v in zip((142, 143, 144, 145), self.remapped_rows):
                 out[fid] = ("ui", v)
+        if self.recovery_action is not None:
+            out[230] = ("ui", self.recovery_action)
         if self.tlimit_thresholds is not None:
             for fid, v in zip((193, 194, 195, 196), self.tlimit_thresholds):
                 if v is not None:
@@ -720,6 +729,8 @@ class FakeGpu:
             if self.fabric_cluster_uuid is not None:
                 L.append(f"fabric_cluster_uuid {self.fabric_cluster_uuid}")
         put("c2c_mode", self.c2c_mode)
+        if self.fabric_health_summary is not None:
+            put("fabric_summary", self.fabric_health_summary)
         if self.lost:
             L.append("lost 1")
         for sym in sorted(self.unsupported):

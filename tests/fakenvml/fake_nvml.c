@@ -498,6 +498,7 @@ static inline void count_cpu(void)
     K(supported_event_types, 1)                                                \
     K(gpm_supported, 1)                                                        \
     K(fabric, 4)                                                               \
+    K(fabric_summary, 1)                                                       \
     K(mig_mode, 2)                                                             \
     K(c2c_mode, 1)                                                             \
     K(lost, 1)
@@ -2282,7 +2283,11 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m)
 /*
  * State: "fabric <state> <status> <cliqueId> <healthMask>" and
  * "fabric_cluster_uuid <32 hex digits>" (default all zero). Without a fabric
- * line both calls answer NOT_SUPPORTED (a PCIe card).
+ * line both calls answer NOT_SUPPORTED (a PCIe card). "fabric_summary <n>"
+ * (NVML_GPU_FABRIC_HEALTH_SUMMARY_*): the driver knows the v3 structure
+ * (R570+) and answers it with that summary; without the line it is a driver
+ * before R570, which answers the v3 version ARGUMENT_VERSION_MISMATCH (the
+ * version is checked before anything else, as NVML does).
  */
 
 typedef struct {
@@ -2335,7 +2340,8 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_
 {
     BEGIN_DEV(nvmlDeviceGetGpuFabricInfoV, dev);
     NEED(info);
-    if (info->version != nvmlGpuFabricInfo_v2 && info->version != nvmlGpuFabricInfo_v3)
+    if (info->version != nvmlGpuFabricInfo_v2 &&
+        (info->version != nvmlGpuFabricInfo_v3 || !HAS(g, fabric_summary)))
         END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     REQUIRE(g, fabric);
     fabric_uuid(g, info->clusterUuid);
@@ -2344,7 +2350,7 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t dev, nvmlGpuFabricInfo_v3_
     info->cliqueId = (unsigned int)VAL(g, fabric, 2);
     info->healthMask = (unsigned int)VAL(g, fabric, 3);
     if (info->version == nvmlGpuFabricInfo_v3)
-        info->healthSummary = 0;
+        info->healthSummary = (unsigned char)VAL(g, fabric_summary, 0);
     END(NVML_SUCCESS);
 }
 #endif

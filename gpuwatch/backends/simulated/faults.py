@@ -32,6 +32,7 @@ class Conditions:
     nvlink_errors_per_second: dict[str, float] = field(default_factory=dict)  # error kind -> rate
     fabric_state: str | None = None  # overrides "completed" (the fabric manager is not running)
     fabric_issues: tuple[str, ...] = ()  # fabric health issues reported
+    recovery_action: int = 0  # NVML_GPU_RECOVERY_ACTION_* the driver asks for
     mig_idle: tuple[int, ...] = ()  # MIG GPU instances held (memory in use) but computing nothing
 
 
@@ -271,6 +272,10 @@ def _fabric_degraded(fault: Fault, c: Conditions, _since: float) -> None:
     c.fabric_issues = (*c.fabric_issues, "degraded_bandwidth")
 
 
+def _recovery_action(fault: Fault, c: Conditions, _since: float) -> None:
+    c.recovery_action = max(c.recovery_action, int(fault.params["action"]))
+
+
 def _row_remap_pending_onset(fault: Fault, health: Health, profile: Profile) -> None:
     count = int(fault.params["count"])
     health.ecc[("corrected", "volatile")] += count
@@ -463,6 +468,15 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "registration stays completed.",
         requires=("fabric",),
         during=_fabric_degraded,
+    ),
+    "recovery_action": FaultKind(
+        "After an uncorrectable error (XID `xid`, then XID 154) the driver asks for recovery action `action` "
+        "(NVML_GPU_RECOVERY_ACTION_*: 1 GPU reset, 2 node reboot, ...) until the end of the window (the "
+        "reset or reboot).",
+        params={"action": 2.0, "xid": 154.0},
+        requires=("recovery_action",),
+        during=_recovery_action,
+        xid=_xid_param,
     ),
     "row_remap_pending": FaultKind(
         "A row is remapped after `count` correctable errors in it (XID `xid`, 63: recording "

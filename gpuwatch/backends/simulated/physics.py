@@ -109,6 +109,7 @@ class _Gpu:
     grace_power: float = 0.0  # the GPU's share of its Grace module beyond the GPU (CPU, memory, SysIO), W
     fabric_state: str = "completed"
     fabric_issues: tuple[str, ...] = ()
+    recovery_action: int = 0
     mig_idle: tuple[int, ...] = ()
     pcie_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})
     nvlink_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})
@@ -262,6 +263,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     g.nvlink_storm = c.nvlink_errors_per_second.get("crc_flit", 0.0) > 0
     g.c2c_down = c.c2c_down
     g.mig_idle = c.mig_idle
+    g.recovery_action = c.recovery_action
     for error, rate in c.nvlink_errors_per_second.items():
         g.health.nvlink_errors[error] = g.health.nvlink_errors.get(error, 0.0) + rate * dt
     if p.nvlink_links:  # collectives at a share of the links' bandwidth
@@ -403,6 +405,7 @@ def _slow_sample(g: _Gpu) -> SlowSample:
         pcie_replays=int(h.pcie_replays),
         **(_nvlink(g) if p.nvlink_links else {}),
         **(_fabric(g) if p.fabric else {}),
+        **({"recovery_action": g.recovery_action} if p.recovery_action else {}),
         **({"mig": _mig_instances(g)} if p.mig_instances else {}),
         **(_c2c(g) if p.c2c_links else {}),
     )

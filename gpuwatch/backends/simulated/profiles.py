@@ -88,6 +88,8 @@ class Profile:
     gpus_per_grace: int = 1
     grace_cap_watts: float = 0.0  # the Grace socket's power cap (hwmon "Grace Power Socket N")
     driver: DriverInfo | None = None  # the driver it reports (None: DRIVER_INFO, the H200 capture's)
+    # the driver reports the recovery action (NVML field 230, R570+: every capture's driver says "None")
+    recovery_action: bool = True
 
     @property
     def features(self) -> dict[str, bool]:
@@ -115,6 +117,7 @@ class Profile:
             "mig": bool(self.mig_instances),
             "power_smoothing": self.power_smoothing_lifetime_percent is not None,
             "c2c": self.c2c_links > 0,
+            "recovery_action": self.recovery_action,
         }
         return {feature: supported[feature] for feature in FEATURES}
 

@@ -180,6 +180,11 @@ def scenarios() -> dict[str, Scenario]:
             "h200", [Fault("xid", 2, 120, params={"xid": 48}), Fault("xid", 0, 100, params={"xid": 13}),
                      Fault("xid", 1, 110, params={"xid": 31}), Fault("xid", 3, 130, params={"xid": 43})],
             gpu=2, latency=2, end=1020, recovery=2, duration=1140),
+        one("recovery_action_required",
+            "H200 GPU 1 hits an uncorrectable error at 2 min and the driver asks for a node reboot (XID 154, "
+            "recovery action 2) until the node is rebooted at 8 min.",
+            "h200", [Fault("recovery_action", 1, 120, 480)],
+            gpu=1, latency=30, end=480, recovery=30),
         one("ecc_uncorrectable",
             "H200 GPU 0 sees 2 uncorrectable ECC errors at 2 min (XID 94, contained; a row remap "
             "becomes pending); the GPU is reset at 8 min, which zeroes the volatile counters.",
