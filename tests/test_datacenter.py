@@ -15,6 +15,14 @@ def labels(node, i, **extra):
     return dict(gpu=str(i), uuid=node.gpus[i].uuid, **extra)
 
 
+def fabric(d, node, i):
+    """The labels of GPU i's one gpuwatch_fabric_state series (its value is always 1), or None."""
+    found = [dict(k[1]) for k, v in d.metrics().items() if k[0] == "gpuwatch_fabric_state"
+             and dict(k[1])["uuid"] == node.gpus[i].uuid and v == 1]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
 def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
     node = fakenvml.FakeNode.h200(2)
     busy = node.gpus[0]
@@ -51,14 +59,13 @@ def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
         busy.nvlink_traffic_kib[0] * 1024
     assert d.value("gpuwatch_nvlink_link_up", **labels(node, 0, link="0")) is None  # per-link is opt-in
     # fabric: registration completed, successfully; the capture's health N/A is absent
-    for state, value in (("completed", 1), ("in_progress", 0), ("not_started", 0)):
-        assert d.value("gpuwatch_fabric_state", **labels(node, 1, state=state)) == (value or None)
+    assert fabric(d, node, 1) == labels(node, 1, state="completed", clique_id="0",
+                                        cluster_uuid="00000000-0000-0000-0000-000000000000")
     m = d.metrics()
     assert not [k for k in m if k[0] == "gpuwatch_fabric_health_issue"]
-    # the HGX baseboard's clique 0 and all-zero cluster say nothing: no fabric_info series
-    assert not [k for k in m if k[0] == "gpuwatch_fabric_info"]
-    for feature in ("gpm", "nvlink", "fabric"):
-        assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == 1
+    # a class of hardware has no feature series: the series above say the GPU has GPM, NVLink and a fabric
+    assert not [k for k in m if k[0] == "gpuwatch_gpu_feature_supported"
+                and dict(k[1])["feature"] in ("gpm", "nvlink", "fabric", "mig")]
     # GPM costs 2 calls per GPU and fast poll (one sample, one metrics get), the probe took the first sample
     d.stop()
     counts = d.fx.counts()
@@ -73,12 +80,9 @@ def test_pcie_cards_have_no_gpm_nvlink_or_fabric_and_are_not_asked_again(start):
     node = fakenvml.FakeNode.l40s(2)
     d = start(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
-    for feature in ("gpm", "nvlink", "fabric"):
-        # a class of hardware the card does not have: no feature series at all (not a 0 per card)
-        assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) is None, feature
     m = d.metrics()
     gone = ("gpuwatch_sm_active_ratio", "gpuwatch_pcie_traffic_bytes_total", "gpuwatch_nvlink_links",
-            "gpuwatch_nvlink_errors_total", "gpuwatch_fabric_state", "gpuwatch_fabric_info")
+            "gpuwatch_nvlink_errors_total", "gpuwatch_fabric_state")
     assert not [k for k in m if k[0] in gone]
     at_discovery = d.fx.counts()
     wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= at_discovery["nvmlDeviceGetTemperatureV"] + 6,
@@ -133,14 +137,13 @@ def test_fabric_states_status_and_health(start, tmp_path):
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {fabric_not_ready: {hold: 0}, fabric_degraded: {hold: 0}}\n")
     d = start(node, args=["--config", str(config)])
-    d.wait_value("gpuwatch_fabric_state", 1, **labels(node, 0, state="not_started"))
-    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) is None  # one series: the state
+    wait_for(lambda: (fabric(d, node, 0) or {}).get("state") == "not_started", what="not_started")
     d.wait_value("gpuwatch_anomaly", 1, rule="fabric_not_ready", severity="critical", **labels(node, 0))
     degraded_true, unhealthy_false = 1 << 0, 2 << 4
     g.fabric = (3, 999, 7, degraded_true | unhealthy_false)  # completed with NVML_ERROR_UNKNOWN
     g.fabric_cluster_uuid = "0123456789abcdef0123456789abcdef"
     d.fx.write(node)
-    d.wait_value("gpuwatch_fabric_state", 1, **labels(node, 0, state="completed"))
+    wait_for(lambda: (fabric(d, node, 0) or {}).get("state") == "completed", what="completed")
     # completed with an error: still not ready, and the summary says which error
     wait_for(lambda: any(e["event"] == "anomaly_started" and e["rule"] == "fabric_degraded" for e in d.events()),
              what="fabric_degraded")
@@ -152,8 +155,8 @@ def test_fabric_states_status_and_health(start, tmp_path):
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="degraded_bandwidth")) == 1
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="route_unhealthy")) is None  # sparse
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="route_recovery")) is None
-    assert d.value("gpuwatch_fabric_info", **labels(node, 0, cluster_uuid="01234567-89ab-cdef-0123-456789abcdef",
-                                                   clique_id="7")) == 1
+    assert fabric(d, node, 0) == labels(node, 0, state="completed", clique_id="7",
+                                        cluster_uuid="01234567-89ab-cdef-0123-456789abcdef")
 
 
 def test_fabric_health_summary_and_configuration_from_the_v3_structure(start, tmp_path):
@@ -193,7 +196,7 @@ def test_a_driver_before_r570_is_asked_the_v2_structure_once_it_refuses_v3(start
     d = start(node)
     d.wait_value("gpuwatch_fabric_health_issue", 1, **labels(node, 0, issue="degraded_bandwidth"))
     assert d.value("gpuwatch_fabric_health_summary", **labels(node, 0)) is None
-    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 1
+    assert fabric(d, node, 0)["state"] == "completed"
     at_start = d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"]
     wait_for(lambda: d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"] >= at_start + 3, what="three more slow polls")
     assert d.value("gpuwatch_collector_success", group="fabric") == 1
@@ -246,7 +249,7 @@ def test_old_driver_without_gpm_and_versioned_fabric_call(start):
     d = start(node, old_driver=True)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="gpm")) is None
-    assert d.value("gpuwatch_fabric_state", **labels(node, 0, state="completed")) == 1  # GetGpuFabricInfo
+    assert fabric(d, node, 0)["state"] == "completed"  # GetGpuFabricInfo
     assert d.value("gpuwatch_fabric_health_issue", **labels(node, 0, issue="degraded_bandwidth")) is None
     assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 18
     # no field 230 before R570: feature 0, no series
@@ -298,9 +301,11 @@ def test_mig_node_shows_its_instances_memory_activity_and_jobs(start, tmp_path):
     assert d.value("gpuwatch_mig_sm_active_ratio", **gpu, gpu_instance="9") == 0
     assert d.value("gpuwatch_mig_job_info", **gpu, gpu_instance="2", scheduler="slurm", job_id="777",
                    user="54321") == 1
-    # with MIG on, device-level GPM is not there: a class of hardware, absent rather than 0
-    for feature, supported in (("mig", 1), ("utilization", 0), ("remapped_rows", 0), ("gpm", None)):
+    for feature, supported in (("utilization", 0), ("remapped_rows", 0)):
         assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature=feature)) == supported, feature
+    # with MIG on, device-level GPM is not there (no device-level GPM series; MIG and GPM, classes of hardware,
+    # have no feature series)
+    assert d.value("gpuwatch_sm_active_ratio", **labels(node, 0)) is None
     assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is None
     assert not [k for k in d.metrics() if k[0] == "gpuwatch_poll_errors_total"]
     assert d.value("gpuwatch_collector_success", group="mig") == 1

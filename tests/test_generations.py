@@ -80,7 +80,6 @@ def test_throttle_counters_and_power_smoothing_under_each_numbering(tmp_path, dr
                                       "hw_thermal_slowdown": 23.0, "hw_power_brake_slowdown": 29.0}
     g = dict(gpu="0", uuid=node.gpus[0].uuid)
     assert value(samples, "gpuwatch_power_smoothing_lifetime_remaining_ratio", **g) == pytest.approx(0.87)
-    assert value(samples, "gpuwatch_gpu_feature_supported", feature="power_smoothing", **g) == 1
     assert not [e for e in events if e["event"] == "nvml_reading_implausible"]
 
 
@@ -90,7 +89,7 @@ def test_before_r570_the_perf_policy_counter_stands_in_for_thermal(tmp_path):
     samples, _ = once(tmp_path, node)
     assert reasons(samples, node) == {"sw_power_cap": 11.0, "sync_boost": 17.0, "thermal": 13.0}
     g = dict(gpu="0", uuid=node.gpus[0].uuid)
-    assert value(samples, "gpuwatch_gpu_feature_supported", feature="power_smoothing", **g) == 0
+    assert value(samples, "gpuwatch_power_smoothing_lifetime_remaining_ratio", **g) is None  # no such field
 
 
 def test_an_unknown_branch_drops_a_moved_id_that_does_not_answer_a_counter(tmp_path):
@@ -106,7 +105,6 @@ def test_an_unknown_branch_drops_a_moved_id_that_does_not_answer_a_counter(tmp_p
                                       "hw_thermal_slowdown": 23.0, "hw_power_brake_slowdown": 29.0}
     g = dict(gpu="0", uuid=node.gpus[0].uuid)
     assert value(samples, "gpuwatch_power_smoothing_lifetime_remaining_ratio", **g) is None
-    assert value(samples, "gpuwatch_gpu_feature_supported", feature="power_smoothing", **g) == 0
     implausible = [(e["gpu"], e["reading"]) for e in events if e["event"] == "nvml_reading_implausible"]
     assert sorted(implausible) == [("0", "power smoothing lifetime (field 258)"),
                                    ("0", "sw_thermal_slowdown throttle time (field 269)"),
@@ -141,12 +139,13 @@ def test_blackwell_reads_the_nvlink5_counters_not_the_dl_counters(tmp_path, aggr
     samples, _ = once(tmp_path, node)
     labels = dict(gpu="0", uuid=g.uuid)
     errors = {dict(k)["error"]: v for (n, k), v in samples.items() if n == "gpuwatch_nvlink_errors_total"}
-    assert errors == {"recovery_successful": 4, "recovery_failed": 0, "effective": 40, "symbol": 1234}
+    assert errors == {"recovery_successful": 4, "recovery_failed": 0, "effective": 40}  # symbol: a detail
     assert value(samples, "gpuwatch_nvlink_bit_error_ratio", kind="effective", **labels) == pytest.approx(2e-13)
     assert value(samples, "gpuwatch_nvlink_links", state="active", **labels) == 18
     with_detail, _ = once(tmp_path, node, "--collector.nvlink.packet-errors")
     errors = {dict(k)["error"]: v for (n, k), v in with_detail.items() if n == "gpuwatch_nvlink_errors_total"}
-    assert errors["malformed_packet"] == 5 and errors["recovery"] == 0 and len(errors) == 12
+    assert errors["malformed_packet"] == 5 and errors["recovery"] == 0 and errors["symbol"] == 1234
+    assert len(errors) == 12
     assert value(with_detail, "gpuwatch_nvlink_bit_error_ratio", kind="symbol", **labels) == 0.0
 
 
@@ -156,8 +155,8 @@ def test_blackwell_per_link_errors(tmp_path):
     samples, _ = once(tmp_path, node, "--collector.nvlink.per-link")
     per_link = {(dict(k)["link"], dict(k)["error"]): v for (n, k), v in samples.items()
                 if n == "gpuwatch_nvlink_link_errors_total"}
-    assert len(per_link) == 18 * 4
-    assert per_link[("17", "recovery_failed")] == 2 and per_link[("0", "effective")] == 0
+    assert len(per_link) == 18 * 4  # recoveries successful and failed, effective and symbol errors, per link
+    assert per_link[("17", "recovery_failed")] == 2 and per_link[("0", "symbol")] == 0
 
 
 def test_hopper_sums_the_dl_counters_where_the_driver_has_no_totals(tmp_path):

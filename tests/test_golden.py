@@ -13,6 +13,7 @@ from pathlib import Path
 import fakenvml
 import pytest
 from daemon import Daemon, fake_env
+from fakehost import fake_process, proc_stat, slurm_v1_job
 
 GOLDEN = Path(__file__).parent / "golden"
 # Samples whose values differ from run to run; their HELP/TYPE lines stay in the file.
@@ -117,29 +118,33 @@ def test_golden_exposition_with_firing_anomalies(tmp_path):
 
 
 # One golden exposition per GPU generation the fake library models, through `gpuwatch once`: each profile's
-# readings on its own driver (A100 on R550, B200 on R580.126, the others on R590), two GPUs, GPU 0 held by a
-# Slurm job (the prolog's mapping directory), so the budget below counts a job's series too.
+# readings on its own driver (A100 on R550, B200 on R580.126, GB200 on R580.65, the others on R590), two GPUs,
+# GPU 0 held by a Slurm job with its process (cgroup v1), so the budget below counts a job's series too.
 PROFILE_NODES = {
     "a100": lambda: fakenvml.FakeNode.a100(2),
     "h100": lambda: fakenvml.FakeNode.h100(2),
     "h200": lambda: fakenvml.FakeNode.h200(2),
     "b200": lambda: fakenvml.FakeNode.b200(2),
+    "gh200": lambda: fakenvml.FakeNode.gh200(2),
+    "gb200": lambda: fakenvml.FakeNode.gb200(2),
     "l40s": lambda: fakenvml.FakeNode.l40s(2),
     "rtx4090": lambda: fakenvml.FakeNode.rtx4090(2),
 }
-DATA_CENTER = {"a100", "h100", "h200", "b200"}  # NVLink/GPM-capable: 100 series a GPU, the others 80
+# NVLink/GPM-capable: 100 series a GPU; the others 80
+DATA_CENTER = {"a100", "h100", "h200", "b200", "gh200", "gb200"}
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILE_NODES))
 def test_golden_exposition_per_profile(tmp_path, profile):
     node = PROFILE_NODES[profile]()
-    node.gpus[0].add_process(4242, 2 * 2**30)
-    mapping = tmp_path / "jobs"
-    mapping.mkdir()
-    (mapping / "0").write_text("7001\n")
+    node.gpus[0].add_process(4242, 2 * 2**30)  # Slurm job 7001's process (cgroup v1) on GPU 0
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    slurm_v1_job(cgroup, 7001, 54321, [4242], minors=[node.gpus[0].minor])
+    fake_process(proc, 4242, cgroup="12:devices:/slurm/uid_54321/job_7001/step_0\n", uid=54321)
     fx = fakenvml.prepare(tmp_path, node)
     result = subprocess.run([os.sys.executable, "-m", "gpuwatch", "once", "--log.format", "json",
-                             "--attribution.hpc-job-mapping-dir", str(mapping)],
+                             "--attribution.proc-root", str(proc), "--attribution.cgroup-root", str(cgroup)],
                             env=fake_env(fx), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     promtool_check(result.stdout)

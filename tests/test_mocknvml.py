@@ -143,10 +143,10 @@ def check_gpu(m: Metrics, profile: mocknvml.Profile, i: int) -> None:
         got = value(m, family, **g, **labels)
         assert got == pytest.approx(expected), f"{where}: {family}{labels} is {got}, the YAML says {expected}"
 
-    def lacks(feature: str) -> None:
-        """A class of hardware the GPU does not have: no feature series (not a 0)."""
-        got = value(m, "gpuwatch_gpu_feature_supported", **g, feature=feature)
-        assert got is None, f"{where}: feature {feature} is {got}, the YAML has no such hardware"
+    def lacks(*families: str) -> None:
+        """A class of hardware the GPU does not have (which has no feature series: its own series say it)."""
+        got = [n for (n, k) in m if n in families and set(g.items()) <= set(k)]
+        assert not got, f"{where}: {sorted(set(got))}, and the YAML has no such hardware"
 
     eq("gpuwatch_gpu_up", 1)
     arch = ARCHITECTURE.get(d["architecture"], d["architecture"])
@@ -214,36 +214,33 @@ def check_gpu(m: Metrics, profile: mocknvml.Profile, i: int) -> None:
 
     links, active = profile.links(i)
     if links:
-        eq("gpuwatch_gpu_feature_supported", 1, feature="nvlink")
+        assert value(m, "gpuwatch_gpu_feature_supported", **g, feature="nvlink") is None  # its series say it
         eq("gpuwatch_nvlink_links", active, state="active")
         eq("gpuwatch_nvlink_links", links - active, state="inactive")
     else:
         # no link in the profile (L40S, T4; the B200 profile declares no switch, so no link): no NVLink at all
-        lacks("nvlink")
+        lacks("gpuwatch_nvlink_links", "gpuwatch_nvlink_errors_total")
         assert not [n for (n, k) in m if n.startswith("gpuwatch_nvlink_") and ("gpu", str(i)) in k], where
 
     fabric = d.get("fabric")
     if fabric:
-        eq("gpuwatch_fabric_state", 1, state=fabric_state(fabric["state"]))
-        info = {"clique_id": str(fabric.get("clique_id", 0))}
+        info = {"state": fabric_state(fabric["state"]), "clique_id": str(fabric.get("clique_id", 0))}
         if fabric.get("cluster_uuid"):
             info["cluster_uuid"] = fabric["cluster_uuid"]
-        # an HGX baseboard's clique 0 and all-zero cluster say nothing: gpuwatch_fabric_info only for a real one
-        meaningful = info["clique_id"] != "0" or str(info.get("cluster_uuid", "")).strip("0-")
-        found = series(m, "gpuwatch_fabric_info", **g, **info)
-        assert bool(found) == bool(meaningful), f"{where}: gpuwatch_fabric_info{info}: {found}"
+        found = series(m, "gpuwatch_fabric_state", **g, **info)  # one series: the state, the cluster, the clique
+        assert list(found.values()) == [1], f"{where}: gpuwatch_fabric_state{info}: {found}"
     else:
-        lacks("fabric")
+        lacks("gpuwatch_fabric_state", "gpuwatch_fabric_health_summary")
 
     gpm = d.get("gpm") or {}
     if gpm.get("supported", d["architecture"] in HOPPER_AND_LATER):
         # the mock's GPM (engine/gpm.go) derives its metrics from the utilization of the profile
-        eq("gpuwatch_gpu_feature_supported", 1, feature="gpm")
+        assert value(m, "gpuwatch_gpu_feature_supported", **g, feature="gpm") is None  # its series say it
         eq("gpuwatch_sm_active_ratio", util["gpu"] / 100)
         eq("gpuwatch_pipe_active_ratio", util["gpu"] * 0.5 / 100, pipe="tensor")
         eq("gpuwatch_dram_bandwidth_ratio", util["memory"] / 100)
     else:
-        lacks("gpm")
+        lacks("gpuwatch_sm_active_ratio", "gpuwatch_pipe_active_ratio", "gpuwatch_dram_bandwidth_ratio")
 
 
 # ------------------------------------------------------------------------------------ served -> exported
@@ -312,11 +309,11 @@ WANT: list[tuple[str, Served, list[tuple[str, dict[str, str]]]]] = [
     # (GB200, GB300); the NVLink group's NVLink5 work
     ("NVLink5 counters", _nvlink5,
      [("gpuwatch_nvlink_errors_total", {"error": e})
-      for e in ("recovery_successful", "recovery_failed", "effective", "symbol")]),
-    # NVLink-C2C to the Grace CPU: the mock serves C2C mode alone (nvmlDeviceGetC2cModeInfoV isC2cEnabled 1, not
-    # the link fields 170-172, 231-234): gpuwatch shows the hardware (feature c2c 1) and says once that its links
-    # cannot be read (c2c_links_unreadable); with the link fields it exports gpuwatch_c2c_* (tests/test_grace.py)
-    ("c2c", lambda p, i: p.c2c, [("gpuwatch_gpu_feature_supported", {"feature": "c2c"})]),
+      for e in ("recovery_successful", "recovery_failed", "effective", "symbol", "recovery", "malformed_packet",
+                "buffer_overrun", "receive", "remote", "general", "local_link_integrity", "transmit_discards")]
+     + [("gpuwatch_nvlink_bit_error_ratio", {"kind": k}) for k in ("effective", "symbol")]),
+    # NVLink-C2C to the Grace CPU: the mock serves C2C mode alone (nvmlDeviceGetC2cModeInfoV isC2cEnabled 1), not
+    # the link fields 170-172, 231-234 it would be read from: test_c2c_mode_without_its_link_fields_is_said_once
 ]
 
 
@@ -349,8 +346,11 @@ def test_once_exports_the_profiles_values(once, path):
 
 @pytest.mark.parametrize("path", PROFILES)
 def test_once_exports_every_reading_the_profile_serves(once, path):
+    """With the detail options of readings the mock serves (NVLink5's symbol and packet error counters and
+    symbol BER: `--collector.nvlink.packet-errors`; at defaults NVLink5 exports recoveries, effective errors
+    and the effective BER, tests/test_golden.py pins the defaults)."""
     profile = mocknvml.Profile.load(path)
-    missing = missing_families(once(profile), profile)
+    missing = missing_families(once(profile, "--collector.nvlink.packet-errors"), profile)
     assert not missing, f"{profile.name}: served but not exported:\n" + "\n".join(missing)
 
 
@@ -531,6 +531,34 @@ def blackwell_with_links() -> list[Any]:
         if profile.device(0)["architecture"] == "blackwell" and profile.links(0)[0]:
             out.append(pytest.param(path, id=p.id))
     return out
+
+
+def grace_profiles() -> list[Any]:
+    out = []
+    for p in PROFILES:
+        path = p.values[0]
+        if path is None:
+            return [p]
+        if mocknvml.Profile.load(path).c2c:
+            out.append(pytest.param(path, id=p.id))
+    return out
+
+
+@pytest.mark.parametrize("path", grace_profiles())
+def test_c2c_mode_without_its_link_fields_is_said_once(lib, tmp_path, path):
+    """The Grace profiles serve C2C mode (isC2cEnabled 1) but not the C2C link fields (170-172, 231-234) a driver
+    answers beside it: gpuwatch says so once per GPU (c2c_links_unreadable), exports no C2C series rather than
+    zeros, and its c2c group still succeeds (the link states are what c2c_link_down would read)."""
+    profile = mocknvml.Profile.load(path)
+    config = profile.write(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "gpuwatch", "once", "--log.format", "json"],
+                            env=mocknvml.env(lib, config), capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert [e["event"] for e in events].count("c2c_links_unreadable") == profile.count
+    assert "gpuwatch_c2c_" not in result.stdout
+    assert 'gpuwatch_collector_success{group="c2c"} 1.0' in result.stdout
 
 
 @pytest.mark.parametrize("path", blackwell_with_links())

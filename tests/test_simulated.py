@@ -309,6 +309,7 @@ def _present(feature: str, fast: FastSample, slow: SlowSample) -> bool:
         "mig": bool(fast.mig) and bool(slow.mig) and all(r.sm_active_ratio is not None for r in fast.mig),
         "power_smoothing": slow.power.power_smoothing_lifetime_ratio is not None,
         "recovery_action": slow.recovery.recovery_action is not None,
+        "c2c": bool(slow.c2c.c2c_up),
     }[feature]
 
 

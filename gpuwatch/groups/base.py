@@ -160,9 +160,10 @@ class Group:
     help: str  # one line: what it reads and where (for --help and docs/groups.md)
     specs: tuple[Spec, ...]
     features: tuple[str, ...] = ()
-    # the features that are a class of hardware (NVLink, GPM, the fabric, MIG, power smoothing, C2C, ...):
-    # their gpuwatch_gpu_feature_supported series is 1 where the GPU has it and absent where it has not (a PCIe
-    # card has no NVLink: no 0 series for it), so that they cost the series budget only where they exist
+    # the features that are a class of hardware (NVLink, GPM, the fabric, MIG, power smoothing, C2C): the group's
+    # own series say where the GPU has it (gpuwatch_nvlink_links, ...), /api/v1/status lists them with the others,
+    # and they have no gpuwatch_gpu_feature_supported series (a 0 on every PCIe card, a 1 beside the readings that
+    # say the same: series the budget has no room for); the rules' applicability reads them as any feature
     hardware: tuple[str, ...] = ()
     default: bool = True  # on unless --no-collector.<name>
     # option -> (default, help): --collector.<name>.<option>; the default's type (bool, int) is the option's

@@ -18,7 +18,8 @@ poll reads, in the tier's one field-values batch (no call of its own):
 The rule c2c_link_down reads the link states. On a C2C GPU the GPU's energy counter
 (gpuwatch_energy_joules_total) covers the whole module, not the GPU alone (the power group,
 docs/metrics.md). C2C is a class of hardware: its feature series (``c2c``) and its families exist only on
-GPUs that have it (6 series a Grace-coupled GPU), none elsewhere.
+GPUs that have it (3 series a Grace-coupled GPU, and an error kind's from its first error on), none
+elsewhere.
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def render(emit: Emit, fast: None, slow: C2c | None) -> None:
     emit("gpuwatch_c2c_links", ("inactive",), len(slow.c2c_up) - active)
     if slow.c2c_bandwidth_bytes:
         emit("gpuwatch_c2c_bandwidth_bytes_per_second", (), sum(slow.c2c_bandwidth_bytes.values()))
-    for name, count in slow.c2c_errors.items():
-        emit("gpuwatch_c2c_errors_total", (name,), count)
+    for name, count in slow.c2c_errors.items():  # sparse, as gpuwatch_xid_errors_total: from the first error on
+        if count:
+            emit("gpuwatch_c2c_errors_total", (name,), count)
 
 
 GROUP = Group(
@@ -151,7 +153,8 @@ GROUP = Group(
              "drops when a link goes down (field NVML_FI_DEV_C2C_LINK_GET_MAX_BW per "
              "link, MB/s; 'nvidia-smi c2c -s')."),
         Spec("gpuwatch_c2c_errors_total", "counter", G + ("error",),
-             "NVLink-C2C link errors: crc, replay, replay_b2b (back-to-back replays); R575+ drivers "
+             "NVLink-C2C link errors: crc, replay, replay_b2b (back-to-back replays); a kind's series appears with "
+             "its first error (zero for almost every GPU forever: no 0 series); R575+ drivers "
              "(fields NVML_FI_DEV_C2C_LINK_ERROR_INTR/_REPLAY/_REPLAY_B2B; DCGM "
              "DCGM_FI_DEV_C2C_LINK_ERROR_*)."),
     ),

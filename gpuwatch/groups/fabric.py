@@ -93,16 +93,15 @@ class Nvml:
 def render(emit: Emit, fast: None, slow: Fabric | None) -> None:
     if slow is None or slow.fabric_state is None:
         return
-    # one series, the current state (a state set's 0 series would cost two a GPU for nothing: `== 1` reads it)
-    emit("gpuwatch_fabric_state", (slow.fabric_state,), 1)
+    # one series: the current state, with the cluster and clique (a state set's 0 series and an info series of its
+    # own would cost three more a GPU for nothing: `== 1` reads it)
+    emit("gpuwatch_fabric_state", (slow.fabric_state, slow.fabric_cluster_uuid or "",
+                                   "" if slow.fabric_clique_id is None else str(slow.fabric_clique_id)), 1)
     for issue, present in slow.fabric_health.items():  # sparse, like gpuwatch_anomaly: only while reported
         if present:
             emit("gpuwatch_fabric_health_issue", (issue,), 1)
     summary = next((value for value, name in SUMMARIES.items() if name == slow.fabric_health_summary), None)
     emit("gpuwatch_fabric_health_summary", (), summary)
-    if slow.fabric_cluster_uuid is not None and (slow.fabric_clique_id or slow.fabric_cluster_uuid.strip("0-")):
-        # an HGX baseboard (one node's NVSwitches) reports clique 0 and an all-zero cluster: nothing to say
-        emit("gpuwatch_fabric_info", (slow.fabric_cluster_uuid, str(slow.fabric_clique_id)), 1)
 
 
 GROUP = Group(
@@ -114,10 +113,11 @@ GROUP = Group(
     nvml=Nvml,
     render=render,
     specs=(
-        Spec("gpuwatch_fabric_state", "gauge", G + ("state",),
+        Spec("gpuwatch_fabric_state", "gauge", G + ("state", "cluster_uuid", "clique_id"),
              "Always 1, one series: the GPU's current fabric registration state (not_started, in_progress, "
-             "completed) in the state label (nvmlDeviceGetGpuFabricInfoV state; 'Fabric State'). Not completed: CUDA "
-             "fails with 'system not yet initialized' (is nvidia-fabricmanager running?)."),
+             "completed), with the fabric cluster and clique it belongs to (nvmlDeviceGetGpuFabricInfoV; 'Fabric "
+             "State', 'ClusterUUID', 'CliqueId'). Not completed: CUDA fails with 'system not yet initialized' (is "
+             "nvidia-fabricmanager running?)."),
         Spec("gpuwatch_fabric_health_issue", "gauge", G + ("issue",),
              "1 while the fabric reports the health issue (degraded_bandwidth, route_recovery, route_unhealthy, "
              "access_timeout_recovery); absent otherwise, like gpuwatch_anomaly (whether the driver reports health "
@@ -126,9 +126,5 @@ GROUP = Group(
              "The driver's fabric health summary, as NVML's number: 1 healthy, 2 unhealthy, 3 limited capacity; "
              "absent where the driver does not report one (nvmlDeviceGetGpuFabricInfoV v3 healthSummary, R570+). "
              "2 or 3: the rule fabric_degraded fires."),
-        Spec("gpuwatch_fabric_info", "gauge", G + ("cluster_uuid", "clique_id"),
-             "Always 1: the fabric cluster and clique the GPU belongs to ('ClusterUUID', 'CliqueId'); only where "
-             "they say something (an NVL72 rack's multi-node NVLink domain), not for an HGX baseboard's clique 0 "
-             "and all-zero cluster."),
     ),
 )

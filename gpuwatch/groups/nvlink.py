@@ -16,17 +16,18 @@ The error counters depend on the generation:
 - From Blackwell (NVLink5: the GPU's architecture is Blackwell or newer, or its NVLink version is
   NVML_NVLINK_VERSION_5_0 = 7 or newer): the header marks the DL counters "unsupported for
   Blackwell+" (NVIDIA's mock still serves them: they are never read here), and their replacements are
-  the NVLink5 counters NVML_FI_DEV_NVLINK_COUNT_*: link recovery successful/failed (213/214), effective
-  errors (219) and symbol errors (221) by default, with the effective bit error rate (220, packed:
-  mantissa bits 8-11, exponent bits 0-7, mantissa 15 with exponent 255 = no errors); the total
-  recovery events (215), the packet errors (206-212: malformed packets, buffer overruns, receive,
-  remote, general, local link integrity, transmit discards) and the symbol BER (222) with
-  ``--collector.nvlink.packet-errors``. Each is asked as the device total (scopeId = 0xFFFFFFFF, as
-  DCGM does: one entry per counter); where the driver does not answer the total, per link and summed.
+  the NVLink5 counters NVML_FI_DEV_NVLINK_COUNT_*: link recovery successful/failed (213/214) and
+  effective errors (219) by default, with the effective bit error rate (220, packed: mantissa bits
+  8-11, exponent bits 0-7, mantissa 15 with exponent 255 = no errors); the symbol errors (221: what
+  FEC corrected, high on a healthy link), the total recovery events (215), the packet errors (206-212:
+  malformed packets, buffer overruns, receive, remote, general, local link integrity, transmit
+  discards) and the symbol BER (222) with ``--collector.nvlink.packet-errors``. Each is asked as the
+  device total (scopeId = 0xFFFFFFFF, as DCGM does: one entry per counter); where the driver does not
+  answer the total, per link and summed.
 
 With ``--collector.nvlink.per-link``: each link's up state and its error counters (the DL counters
-before Blackwell, the default NVLink5 counters from Blackwell). A GPU without NVLink (PCIe cards) has
-no link count: feature 0, no calls after discovery.
+before Blackwell, the default NVLink5 counters and the symbol errors from Blackwell). A GPU without
+NVLink (PCIe cards) has no link count: feature 0, no calls after discovery.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ ALL_LINKS = 0xFFFFFFFF  # the scopeId of "every link"
 ERRORS: Mapping[str, int] = {"crc_flit": 38, "crc_data": 45, "replay": 52, "recovery": 59, "ecc_data": 160}
 _LINK_ERRORS: Mapping[str, int] = {"replay": 161, "recovery": 162, "crc_flit": 163}
 # NVLink5 (Blackwell and newer): the counters exported by default, and those behind packet-errors
-NVLINK5_ERRORS: Mapping[str, int] = {"recovery_successful": 213, "recovery_failed": 214, "effective": 219,
-                                     "symbol": 221}
-NVLINK5_DETAIL: Mapping[str, int] = {"recovery": 215, "malformed_packet": 206, "buffer_overrun": 207,
+NVLINK5_ERRORS: Mapping[str, int] = {"recovery_successful": 213, "recovery_failed": 214, "effective": 219}
+NVLINK5_DETAIL: Mapping[str, int] = {"symbol": 221, "recovery": 215, "malformed_packet": 206, "buffer_overrun": 207,
                                      "receive": 208, "remote": 209, "general": 210, "local_link_integrity": 211,
                                      "transmit_discards": 212}
 NVLINK5_BER: Mapping[str, int] = {"effective": 220, "symbol": 222}
@@ -115,7 +115,7 @@ class Nvml:
             self.ber = self._totals(dev, NVLINK5_BER if detail else {"effective": NVLINK5_BER["effective"]})
             self.double = frozenset(key for _, keys in self.ber for key in keys
                                     if dev.value_type(key) == _VALUE_TYPE_DOUBLE)
-            per_link_fields = NVLINK5_ERRORS
+            per_link_fields: Mapping[str, int] = {**NVLINK5_ERRORS, "symbol": NVLINK5_DETAIL["symbol"]}
         elif on:
             self.errors = tuple((name, (fid,)) for name, fid in ERRORS.items() if dev.field(fid, "slow"))
             have = {name for name, _ in self.errors}
@@ -262,8 +262,8 @@ GROUP = Group(
              "NVLink errors summed over the GPU's links. Before Blackwell: crc_flit, crc_data, replay, recovery, "
              "ecc_data (fields NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL, else the links' DL counters summed; DCGM "
              "DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL; 'nvidia-smi nvlink -e'). NVLink5 (Blackwell): "
-             "recovery_successful, recovery_failed, effective, symbol (fields NVML_FI_DEV_NVLINK_COUNT_*, scopeId "
-             "all links), and with --collector.nvlink.packet-errors recovery, malformed_packet, buffer_overrun, "
+             "recovery_successful, recovery_failed, effective (fields NVML_FI_DEV_NVLINK_COUNT_*, scopeId all "
+             "links), and with --collector.nvlink.packet-errors symbol, recovery, malformed_packet, buffer_overrun, "
              "receive, remote, general, local_link_integrity, transmit_discards."),
         Spec("gpuwatch_nvlink_bit_error_ratio", "gauge", G + ("kind",),
              "NVLink5 (Blackwell) bit error rate over the GPU's links (the worst link where the driver gives no "
