@@ -281,8 +281,10 @@ def test_wall_clock_steps_do_not_stall_or_burst_the_polls(node_daemon, tmp_path)
         pytest.fail("libfaketime is missing: scripts/test installs it (Debian package faketime)")
     offset = tmp_path / "faketime"
     offset.write_text("+0\n")
+    # libfaketime re-reads the offset file at most once a second (FAKETIME_NO_CACHE re-read it on every clock
+    # call of every thread: the daemon spent its CPU in open/read/close and made too few polls on 2 cores)
     d = node_daemon(env_extra={"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": str(offset),
-                               "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+                               "FAKETIME_CACHE_DURATION": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
     fx = node_daemon.fx
     per_poll = len(node_daemon.node.gpus)  # nvmlDeviceGetTemperatureV calls per fast poll
 
