@@ -124,13 +124,17 @@ def test_features_match_the_series_present(exposition):
     assert len(gpus) == 2
     for uuid, series in gpus.items():
         features = {l["feature"]: v for n, l, v in series if n == "gpuwatch_gpu_feature_supported"}
-        # a class of hardware (NVLink, GPM, ...) has no feature series: its own series say whether the GPU has it;
-        # every other feature is 1 or 0, and 1 exactly where its family has a series
-        assert set(features) == set(FEATURE_SERIES) - HARDWARE_FEATURES | set(SPARSE_FEATURE_SERIES), backend
+        # a class of hardware (NVLink, GPM, ...) has a feature series only where the GPU has it and it cannot be
+        # read (0; device-level GPM on a MIG-enabled GPU); every other feature is 1 or 0; 1 exactly where its
+        # family has a series
+        assert set(FEATURE_SERIES) - HARDWARE_FEATURES | set(SPARSE_FEATURE_SERIES) <= set(features), backend
+        assert set(features) <= set(FEATURE_SERIES) | set(SPARSE_FEATURE_SERIES), backend
+        assert all(features[f] == 0 for f in set(features) & HARDWARE_FEATURES), backend
         for feature, (family, match) in FEATURE_SERIES.items():
-            if feature in HARDWARE_FEATURES:
-                continue
             present = any(n == family and all(l.get(k) == v for k, v in match.items()) for n, l, _ in series)
+            if feature in HARDWARE_FEATURES:
+                assert not (present and feature in features), (backend, uuid, feature)
+                continue
             assert present == bool(features[feature]), (backend, uuid, feature)
         for feature, family in SPARSE_FEATURE_SERIES.items():
             assert features[feature] or not any(n == family for n, _, _ in series), (backend, uuid, feature)

@@ -105,6 +105,8 @@ def test_an_unknown_branch_drops_a_moved_id_that_does_not_answer_a_counter(tmp_p
                                       "hw_thermal_slowdown": 23.0, "hw_power_brake_slowdown": 29.0}
     g = dict(gpu="0", uuid=node.gpus[0].uuid)
     assert value(samples, "gpuwatch_power_smoothing_lifetime_remaining_ratio", **g) is None
+    # the board has the circuitry but its reading was refused: shown as the feature being 0
+    assert value(samples, "gpuwatch_gpu_feature_supported", feature="power_smoothing", **g) == 0
     implausible = [(e["gpu"], e["reading"]) for e in events if e["event"] == "nvml_reading_implausible"]
     assert sorted(implausible) == [("0", "power smoothing lifetime (field 258)"),
                                    ("0", "sw_thermal_slowdown throttle time (field 269)"),
@@ -231,3 +233,31 @@ def test_nvlink_before_blackwell_keeps_its_rates():
     assert not _rising([legacy] * 11).active
     assert _rising([{**legacy, "recovery": i} for i in range(11)]).active  # 2/min against 1/min
     assert not _rising([{**legacy, "replay": 1}] + [{**legacy, "replay": 2}] * 10).active
+
+
+@pytest.mark.parametrize(("profile", "version", "errors"), [
+    ("b200", 7, {"recovery_successful", "recovery_failed", "effective"}),  # NVML_NVLINK_VERSION_5_0: NVLink5
+    ("h100", 6, {"crc_flit", "crc_data", "replay", "recovery", "ecc_data"}),  # 4.0: the DL totals
+])
+def test_an_unknown_architecture_takes_its_nvlink_counters_from_the_nvlink_version(tmp_path, profile, version, errors):
+    """A GPU whose architecture gpuwatch does not know (NVML_DEVICE_ARCH_* 11) chooses its NVLink counters by
+    nvmlDeviceGetNvLinkVersion: NVML's enum (7 = 5.0), not the marketing number."""
+    node = fakenvml.FakeNode.from_profiles([profile])
+    node.gpus[0].architecture = 11
+    node.gpus[0].nvlink_version = version
+    samples, _ = once(tmp_path, node)
+    assert {dict(k)["error"] for (n, k) in samples if n == "gpuwatch_nvlink_errors_total"} == errors
+
+
+def test_nvlink_that_cannot_be_read_is_an_unsupported_feature(tmp_path):
+    """The link count says 18 links but no link's state answers: no NVLink series, the nvlink feature 0 (a
+    class of hardware shows a feature series only then; an H200 whose NVLink reads has none, a PCIe card none)."""
+    node = fakenvml.FakeNode.h100(2)
+    for link in range(18):
+        node.gpus[0].field_errors[(165, link)] = fakenvml.ERROR_UNKNOWN
+    samples, _ = once(tmp_path, node)
+    g0, g1 = (dict(gpu=str(i), uuid=node.gpus[i].uuid) for i in (0, 1))
+    assert value(samples, "gpuwatch_gpu_feature_supported", feature="nvlink", **g0) == 0
+    assert not [n for (n, k) in samples if n.startswith("gpuwatch_nvlink_") and dict(k)["gpu"] == "0"]
+    assert value(samples, "gpuwatch_gpu_feature_supported", feature="nvlink", **g1) is None
+    assert value(samples, "gpuwatch_nvlink_links", state="active", **g1) == 18

@@ -313,7 +313,9 @@ WANT: list[tuple[str, Served, list[tuple[str, dict[str, str]]]]] = [
                 "buffer_overrun", "receive", "remote", "general", "local_link_integrity", "transmit_discards")]
      + [("gpuwatch_nvlink_bit_error_ratio", {"kind": k}) for k in ("effective", "symbol")]),
     # NVLink-C2C to the Grace CPU: the mock serves C2C mode alone (nvmlDeviceGetC2cModeInfoV isC2cEnabled 1), not
-    # the link fields 170-172, 231-234 it would be read from: test_c2c_mode_without_its_link_fields_is_said_once
+    # the link fields 170-172, 231-234 the links are read from: the hardware is there and cannot be read, the c2c
+    # feature 0 (test_c2c_mode_without_its_link_fields_is_said_once)
+    ("c2c", lambda p, i: p.c2c, [("gpuwatch_gpu_feature_supported", {"feature": "c2c"})]),
 ]
 
 
@@ -548,7 +550,7 @@ def grace_profiles() -> list[Any]:
 def test_c2c_mode_without_its_link_fields_is_said_once(lib, tmp_path, path):
     """The Grace profiles serve C2C mode (isC2cEnabled 1) but not the C2C link fields (170-172, 231-234) a driver
     answers beside it: gpuwatch says so once per GPU (c2c_links_unreadable), exports no C2C series rather than
-    zeros, and its c2c group still succeeds (the link states are what c2c_link_down would read)."""
+    zeros but the c2c feature 0 (the hardware is there, its readings are not), and its c2c group succeeds."""
     profile = mocknvml.Profile.load(path)
     config = profile.write(tmp_path)
     result = subprocess.run([sys.executable, "-m", "gpuwatch", "once", "--log.format", "json"],
@@ -558,6 +560,8 @@ def test_c2c_mode_without_its_link_fields_is_said_once(lib, tmp_path, path):
     events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     assert [e["event"] for e in events].count("c2c_links_unreadable") == profile.count
     assert "gpuwatch_c2c_" not in result.stdout
+    assert result.stdout.count('feature="c2c"') == profile.count and 'feature="c2c",gpu="0"' in result.stdout
+    assert not [line for line in result.stdout.splitlines() if 'feature="c2c"' in line and not line.endswith(" 0.0")]
     assert 'gpuwatch_collector_success{group="c2c"} 1.0' in result.stdout
 
 

@@ -583,8 +583,9 @@ class _Probe:
         self.used[tier][field_id] = self.group
         return True
 
-    def feature(self, name: str, supported: bool) -> None:
-        self.features[name] = bool(supported)
+    def feature(self, name: str, supported: bool | None) -> None:
+        if supported is not None:  # None: no such hardware, nothing to say
+            self.features[name] = bool(supported)
 
     def option(self, name: str) -> Any:
         return self.options[f"{self.group}.{name}"]

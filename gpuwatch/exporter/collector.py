@@ -149,7 +149,7 @@ def _gpu_core(emit: Callable[..., None], state: GpuState, features: Collection[s
     emit("gpuwatch_gpu_up", (), state.up)
     hardware = groups.HARDWARE_FEATURES
     for feature in groups.FEATURES:
-        if feature in state.features and feature in features and feature not in hardware:
+        if feature in state.features and feature in features and not (feature in hardware and state.features[feature]):
             emit("gpuwatch_gpu_feature_supported", (feature,), state.features[feature])
 
 

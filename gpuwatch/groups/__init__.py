@@ -71,7 +71,8 @@ ALL: frozenset[str] = frozenset(BY_NAME)
 
 # Capabilities probed once per GPU and exported as gpuwatch_gpu_feature_supported{feature}.
 FEATURES: tuple[str, ...] = tuple(sorted(f for g in GROUPS for f in g.features))
-# Features of a class of hardware: no feature series, their own series say it (Group.hardware).
+# Features of a class of hardware: a feature series (0) only where the GPU has it and it cannot be read
+# (Group.hardware).
 HARDWARE_FEATURES: frozenset[str] = frozenset(f for g in GROUPS for f in g.hardware)
 
 SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)

@@ -122,8 +122,10 @@ class Device(Protocol):
         """The value of the group's option ``name`` (``--collector.<group>.<name>``)."""
         ...
 
-    def feature(self, name: str, supported: bool) -> None:
-        """Record a feature (gpuwatch_gpu_feature_supported) of this GPU."""
+    def feature(self, name: str, supported: bool | None) -> None:
+        """Record a feature (gpuwatch_gpu_feature_supported) of this GPU. For a class of hardware
+        (``Group.hardware``): True readable, False the GPU has it but it answers nothing readable (exported
+        as 0), None the GPU has no such hardware (not recorded: no series)."""
         ...
 
 
@@ -160,10 +162,11 @@ class Group:
     help: str  # one line: what it reads and where (for --help and docs/groups.md)
     specs: tuple[Spec, ...]
     features: tuple[str, ...] = ()
-    # the features that are a class of hardware (NVLink, GPM, the fabric, MIG, power smoothing, C2C): the group's
-    # own series say where the GPU has it (gpuwatch_nvlink_links, ...), /api/v1/status lists them with the others,
-    # and they have no gpuwatch_gpu_feature_supported series (a 0 on every PCIe card, a 1 beside the readings that
-    # say the same: series the budget has no room for); the rules' applicability reads them as any feature
+    # the features that are a class of hardware (NVLink, GPM, the fabric, MIG, power smoothing, C2C): where the GPU
+    # has it and it reads, the group's own series say so (gpuwatch_nvlink_links, ...: no feature series, a 1 beside
+    # readings that say the same); where it has none, nothing (no 0 on every PCIe card); where it has it and
+    # nothing can be read, gpuwatch_gpu_feature_supported{feature} 0 (Device.feature(name, False)). /api/v1/status
+    # lists them with the others; the rules' applicability reads them as any feature
     hardware: tuple[str, ...] = ()
     default: bool = True  # on unless --no-collector.<name>
     # option -> (default, help): --collector.<name>.<option>; the default's type (bool, int) is the option's

@@ -69,7 +69,7 @@ class Nvml:
         errors = dev.values(ERRORS.values()) if on else {}
         self.errors = tuple((name, fid) for name, fid in ERRORS.items() if fid in errors and dev.field(fid, "slow"))
         # the feature is the hardware: C2C mode on (or links counted); links that cannot be read are said once
-        dev.feature("c2c", on or enabled is True)
+        dev.feature("c2c", True if on else (False if enabled is True else None))
         if enabled is True and not on:
             get_logger(component="c2c").warning(
                 "c2c_links_unreadable", hint="the driver says C2C is enabled but answers no C2C link count or link "

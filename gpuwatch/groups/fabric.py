@@ -64,7 +64,7 @@ class Nvml:
             answer = dev.probe(self.info)
             if answer is not None and answer.get("state") == 0:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
                 self.info = None
-        dev.feature("fabric", self.info is not None)
+        dev.feature("fabric", True if self.info is not None else None)  # NOT_SUPPORTED: no fabric
 
     def read_fast(self, q: Query) -> None:
         return None

@@ -60,7 +60,9 @@ class Nvml:
             # the probe takes the first sample of the pair: the first poll already has an interval
             self.metrics = metrics if dev.supported(metrics) else None
         self.pcie = {"tx": 0.0, "rx": 0.0}
-        dev.feature("gpm", self.metrics is not None)
+        # supported by the device but its metrics cannot be read: 0; not a GPM device: nothing
+        supported_device = answer is not None and bool(getattr(answer, "isSupportedDevice", False))
+        dev.feature("gpm", True if self.metrics is not None else (False if supported_device else None))
 
     def read_fast(self, q: Query) -> Gpm:
         got = q(self.metrics) if self.metrics is not None else None

@@ -59,7 +59,9 @@ class Nvml:
             if devices is not None and dev.supported(devices.instances):
                 dev.supported(devices.readings)
                 self.devices = devices
-        dev.feature("mig", self.devices is not None)
+        # MIG enabled but its devices cannot be enumerated: 0; MIG off or not a MIG GPU: nothing
+        enabled = mode is not None and int(mode[0]) == 1
+        dev.feature("mig", True if self.devices is not None else (False if enabled else None))
 
     def read_fast(self, q: Query) -> tuple[MigReading, ...]:
         got = q(self.devices.readings) if self.devices is not None else None

@@ -129,7 +129,8 @@ class Nvml:
         traffic = dev.values([(fid, ALL_LINKS) for fid in _TRAFFIC.values()]) if on else {}
         self.traffic = tuple((d, fid) for d, fid in _TRAFFIC.items()
                              if (fid, ALL_LINKS) in traffic and dev.field((fid, ALL_LINKS), "slow"))
-        dev.feature("nvlink", on)
+        # links counted but none of their states readable: the GPU has NVLink that gpuwatch cannot see
+        dev.feature("nvlink", True if on else (False if links else None))
 
     def _totals(self, dev: Device, wanted: Mapping[str, int]) -> tuple[Source, ...]:
         """Each counter as the device total (scopeId = all links) where the driver answers it, else

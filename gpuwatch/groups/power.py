@@ -63,14 +63,15 @@ class Nvml:
                   ("default", dev.call("nvmlDeviceGetPowerManagementDefaultLimit")),
                   ("constraints", dev.call("nvmlDeviceGetPowerManagementLimitConstraints")))
         self.limits = tuple((name, call) for name, call in limits if dev.supported(call))
+        self.rejected = False
         self.lifetime = self._lifetime(dev)
         dev.feature("power", self.average or self.usage is not None)
         dev.feature("energy", self.energy)
         dev.feature("power_limit", any(name == "enforced" for name, _ in self.limits))
-        dev.feature("power_smoothing", self.lifetime is not None)
+        # the field answered but implausibly (rejected): 0; no such field: nothing
+        dev.feature("power_smoothing", True if self.lifetime is not None else (False if self.rejected else None))
 
-    @staticmethod
-    def _lifetime(dev: Device) -> int | None:
+    def _lifetime(self, dev: Device) -> int | None:
         """The field id of the smoothing circuitry's lifetime, where the GPU answers it plausibly."""
         fid = dev.field_id(fieldids.POWER_SMOOTHING_LIFETIME)
         if fid is None or not dev.has_field(fid):
@@ -78,6 +79,7 @@ class Nvml:
         value = dev.values([fid]).get(fid)
         if value is not None and _percent(value) is None:
             dev.reject(f"power smoothing lifetime (field {fid})", f"answered {value!r}, not a percentage 0-100")
+            self.rejected = True
             return None
         return fid if dev.field(fid, "slow") else None
 

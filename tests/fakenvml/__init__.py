@@ -472,6 +472,7 @@ class FakeGpu:
     # counters (crc | replay | replay_b2b; R575+), each link's power state (0 full, 1 low; []: not reported),
     # and the module-scope power (field 185 with scopeId 1; None: NOT_SUPPORTED, as on NVIDIA's mock)
     c2c_mode: int | None = None
+    nvlink_version: int | None = None  # nvmlDeviceGetNvLinkVersion: NVML_NVLINK_VERSION_* (6 = 4.0, 7 = 5.0)
     c2c_links: list[int] = field(default_factory=list)
     c2c_max_bw_mbps: int | None = None
     c2c_errors: dict[str, int] = field(default_factory=dict)
@@ -729,6 +730,7 @@ class FakeGpu:
             if self.fabric_cluster_uuid is not None:
                 L.append(f"fabric_cluster_uuid {self.fabric_cluster_uuid}")
         put("c2c_mode", self.c2c_mode)
+        put("nvlink_version", self.nvlink_version)
         if self.fabric_health_summary is not None:
             put("fabric_summary", self.fabric_health_summary)
         if self.lost:
@@ -1150,60 +1152,30 @@ def _b200(index: int) -> FakeGpu:
     profile (k8s-test-infra): 192 GiB HBM3e, 1,000 W (400-1,200 W), no fans. A real Blackwell driver
     answers the NVLink DL counters (161-163, and the pre-NVLink5 totals) NOT_SUPPORTED: the NVLink5
     counters 206-222 replace them, as device totals (scopeId 0xFFFFFFFF) and per link."""
-    return FakeGpu(
-        **_identity("b200", index),
-        name="NVIDIA B200",
-        vbios="96.00.A0.00.01",
-        architecture=10,
-        brand=14,
-        persistence=1,
-        pci_device_id=0x234010DE,
-        pci_subsystem_id=0x181810DE,
-        cuda_cc=(10, 0),
-        temperature=35,
-        margin_temperature=50,
-        memory_temperature=33,
-        thresholds={},
-        tlimit_thresholds=(-5, 0, 5, 5),
-        power_mw=130_000,
-        energy_mj=900_000,
-        power_limit_mw=1_000_000,
-        enforced_power_limit_mw=1_000_000,
-        default_power_limit_mw=1_000_000,
-        power_limit_constraints_mw=(400_000, 1_200_000),
-        pstate=0,
-        utilization=(0, 0),
-        memory_total=196_608 * MIB,
-        memory_reserved=1024 * MIB,
-        memory_used=0,
-        clocks=[345, 345, 2500, 1200],
-        max_clocks=[2100, 2100, 2500, 2100],
-        clocks_event_reasons=0x1,
-        supported_clocks_event_reasons=0x1FF,
-        pcie_gen=6,
-        pcie_width=16,
-        pcie_max_gen=6,
-        pcie_max_width=16,
-        pcie_replay=0,
-        ecc_mode=(1, 1),
-        ecc_errors={(0, 0): 0, (1, 0): 0, (0, 1): 0, (1, 1): 0},
-        remapped_rows=(0, 0, 0, 0),
-        retired_pages_pending=None,
-        throttle_ns=dict(_ZERO_THROTTLE),
-        power_smoothing={251: 1, 258: 97},
-        supported_event_types=EVENT_SBE | EVENT_DBE | EVENT_PSTATE | EVENT_XID | EVENT_MIG_CONFIG,
-        gpm=dict(GPM_IDLE),
-        nvlink_states=[1] * 18,
-        nvlink5_errors={name: [0] * 18 for name in ("recovery_successful", "recovery_failed", "recovery", "effective",
+    g = _h200(index)
+    g.__dict__.update(_identity("b200", index))
+    g.name = "NVIDIA B200"
+    g.vbios = "96.00.A0.00.01"
+    g.architecture = 10  # NVML_DEVICE_ARCH_BLACKWELL
+    g.pci_device_id, g.pci_subsystem_id = 0x234010DE, 0x181810DE
+    g.cuda_cc = (10, 0)
+    g.temperature, g.margin_temperature, g.memory_temperature = 35, 50, 33
+    g.tlimit_thresholds = (-5, 0, 5, 5)
+    g.power_mw, g.energy_mj = 130_000, 900_000
+    g.power_limit_mw = g.enforced_power_limit_mw = g.default_power_limit_mw = 1_000_000
+    g.power_limit_constraints_mw = (400_000, 1_200_000)
+    g.memory_total, g.memory_reserved = 196_608 * MIB, 1024 * MIB
+    g.clocks, g.max_clocks = [345, 345, 2500, 1200], [2100, 2100, 2500, 2100]
+    g.pcie_gen = g.pcie_max_gen = 6
+    g.power_smoothing = {251: 1, 258: 97}
+    g.nvlink_errors = {}  # the DL counters: NOT_SUPPORTED on Blackwell
+    g.nvlink5_errors = {name: [0] * 18 for name in ("recovery_successful", "recovery_failed", "recovery", "effective",
                                                      "symbol", "malformed_packet", "buffer_overrun", "receive",
-                                                     "remote", "general", "local_link_integrity",
-                                                     "transmit_discards")},
-        nvlink5_ber={"effective": pack_ber(15, 255), "symbol": pack_ber(15, 255)},
-        nvlink_traffic_kib=(2_345_678, 2_301_234),
-        nvlink_remotes={link: (2, f"00000000:{0x05 + link % 2:02X}:00.0") for link in range(18)},
-        fabric=(3, 0, 0, 0),
-        fabric_cluster_uuid="0" * 32,
-    )
+                                                     "remote", "general", "local_link_integrity", "transmit_discards")}
+    g.nvlink5_ber = {"effective": pack_ber(15, 255), "symbol": pack_ber(15, 255)}
+    g.nvlink_traffic_kib = (2_345_678, 2_301_234)
+    g.nvlink_remotes = {link: (2, f"00000000:{0x05 + link % 2:02X}:00.0") for link in range(18)}
+    return g
 
 
 def _h100(index: int) -> FakeGpu:

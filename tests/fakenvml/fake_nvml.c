@@ -118,6 +118,8 @@
  *   xid <seq> <xid>                          queued XID event; seq must be
  *                                            unique and increasing
  *   c2c_mode <0|1>                           nvmlDeviceGetC2cModeInfoV
+ *   nvlink_version <enum>                    nvmlDeviceGetNvLinkVersion (any link: NVML_NVLINK_VERSION_*,
+ *                                            6 = 4.0, 7 = 5.0); absent: NOT_SUPPORTED
  *                                            isC2cEnabled (absent: NOT_SUPPORTED)
  *
  * Precedence for a per-device call: block (sleep) -> not initialised (1) ->
@@ -345,7 +347,8 @@ typedef struct {
     X(nvmlDeviceGetGpuInstanceId)                                              \
     X(nvmlDeviceGetComputeInstanceId)                                          \
     X(nvmlGpmMigSampleGet)                                                     \
-    X(nvmlDeviceGetC2cModeInfoV)
+    X(nvmlDeviceGetC2cModeInfoV)                                               \
+    X(nvmlDeviceGetNvLinkVersion)
 
 #define SYM_ENUM(name) SYM_##name,
 enum { FAKE_SYMBOLS(SYM_ENUM) NSYM };
@@ -501,6 +504,7 @@ static inline void count_cpu(void)
     K(fabric_summary, 1)                                                       \
     K(mig_mode, 2)                                                             \
     K(c2c_mode, 1)                                                             \
+    K(nvlink_version, 1)                                                       \
     K(lost, 1)
 
 #define KEY_ENUM(name, n) K_##name,
@@ -2378,6 +2382,17 @@ nvmlReturn_t nvmlDeviceGetC2cModeInfoV(nvmlDevice_t dev, nvmlC2cModeInfo_v1_t *i
     END(NVML_SUCCESS);
 }
 #endif
+
+/* NVLink version: "nvlink_version <enum>" (the same for every link below MAX_LINKS). */
+nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t dev, unsigned int link, unsigned int *version)
+{
+    BEGIN_DEV(nvmlDeviceGetNvLinkVersion, dev);
+    NEED(version);
+    NEED(link < MAX_LINKS);
+    REQUIRE(g, nvlink_version);
+    *version = (unsigned int)VAL(g, nvlink_version, 0);
+    END(NVML_SUCCESS);
+}
 
 /* ------------------------------------------------------------------------ */
 /* NVLink remote ends                                                        */

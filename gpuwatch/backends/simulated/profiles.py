@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpuwatch.groups import HARDWARE_FEATURES
 from gpuwatch.groups.clocks import COUNTERS
 from gpuwatch.model import (
     CLOCKS_EVENT_REASON_BITS,
@@ -119,7 +120,9 @@ class Profile:
             "c2c": self.c2c_links > 0,
             "recovery_action": self.recovery_action,
         }
-        return {feature: supported[feature] for feature in FEATURES}
+        # a class of hardware the model does not have is not a feature of it (no series, as NVML's backend)
+        return {feature: supported[feature] for feature in FEATURES
+                if supported[feature] or feature not in HARDWARE_FEATURES}
 
 
 RTX6000 = Profile(
