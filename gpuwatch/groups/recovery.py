@@ -6,9 +6,8 @@ an uncorrectable error the driver says what it takes to get the GPU back: nothin
 reboot, draining peer-to-peer traffic, ... (``ACTIONS``). Older drivers answer the entry with an error:
 feature ``recovery_action`` 0. ``gpuwatch_recovery_action`` is sparse: present only while the driver asks
 for an action (0, none, is what almost every GPU says forever; the series budget has no room for it).
-A value this table does not know is logged once per GPU and
-value and exported as the driver's number, never given a meaning; the rule recovery_action_required
-calls it unknown.
+A value this table does not know is logged once per GPU and value, and exported as the driver's
+number, never given a meaning; the rule recovery_action_required calls it unknown.
 
 The driver also reports a change as XID 154 (and the event nvmlEventTypeGpuRecoveryAction): the xid
 group counts it like any XID; the action itself is read at the next slow poll (at most one slow
@@ -21,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+from gpuwatch.logs import get_logger
 
 FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 #: NVML_GPU_RECOVERY_ACTION_* -> (name, what the operator does). 0 is "none": nothing to do.
@@ -57,8 +57,6 @@ class Nvml:
         action = int(value)
         if action not in ACTIONS and action not in self.unknown:
             self.unknown.add(action)
-            from gpuwatch.logs import get_logger
-
             get_logger(component="recovery").warning(
                 "unknown_recovery_action", value=action,
                 hint="the driver asks for a recovery action this gpuwatch does not know: see `nvidia-smi -q` "
