@@ -613,6 +613,9 @@ def stack(tmp_path_factory):
         (root / "mig").mkdir()
         mig = Daemon(root / "mig", sim_env, ["--backend", "simulated", "--sim.profile", "h100-mig", "--sim.gpus", "2"])
         started.append(mig)
+        (root / "gb200").mkdir()  # Blackwell and Grace: NVLink5, power smoothing, C2C, module power
+        gb200 = Daemon(root / "gb200", sim_env, ["--backend", "simulated", "--sim.profile", "gb200", "--sim.gpus", "2"])
+        started.append(gb200)
 
         node = _fault_node()
         fx = fakenvml.prepare(root / "nvml", node, counts=False)
@@ -632,12 +635,12 @@ def stack(tmp_path_factory):
                         severity="warning")
 
         instances = {"sim": sim.base.removeprefix("http://"), "nvml": nvml.base.removeprefix("http://"),
-                     "mig": mig.base.removeprefix("http://")}
+                     "mig": mig.base.removeprefix("http://"), "gb200": gb200.base.removeprefix("http://")}
         prom = Prometheus(root, sorted(instances.values()))
         started.append(prom)
         # a few scrapes of both targets, so that rate() over 30 s has two samples
         wait_for(lambda: len([r for r in prom.result('count_over_time(up{job="gpuwatch"}[30s]) >= 3 and up == 1')])
-                 == 3, 30, "three successful scrapes of every gpuwatch target")
+                 == len(instances), 30, "three successful scrapes of every gpuwatch target")
         yield prom, instances
     finally:
         for process in reversed(started):
@@ -691,14 +694,14 @@ def test_fault_panels_show_the_faults(stack):
         (sample,) = _panel_result(prom, instances, uid, title)
         return float(sample["value"][1])
 
-    assert scalar("gpuwatch-fleet", "Nodes") == 3
-    assert scalar("gpuwatch-fleet", "GPUs") == 9
+    assert scalar("gpuwatch-fleet", "Nodes") == 4
+    assert scalar("gpuwatch-fleet", "GPUs") == 11
     assert scalar("gpuwatch-fleet", "Lost GPUs") == 1
     assert scalar("gpuwatch-fleet", "Nodes needing attention") == 1  # the node with the lost GPU: its polls fail
     problems = _panel_result(prom, instances, "gpuwatch-fleet", "Nodes needing attention: what")
     assert {(s["metric"]["instance"], s["metric"]["problem"]) for s in problems} == {(nvml, "poll_failing")}
     assert scalar("gpuwatch-fleet", "Throttling GPUs") >= 1
-    assert 1 <= scalar("gpuwatch-fleet", "Healthy GPUs") <= 7  # the fake node's GPU 0 and 2 are not
+    assert 1 <= scalar("gpuwatch-fleet", "Healthy GPUs") <= 9  # the fake node's GPU 0 and 2 are not
     assert scalar("gpuwatch-fleet", "Exporters down") == 0
 
     xids = _panel_result(prom, instances, "gpuwatch-node", "XID errors")
@@ -729,6 +732,21 @@ def test_fault_panels_show_the_faults(stack):
     # NVLink error leaders (a recording rule): the HGX node, whose links count no error
     leaders = _panel_result(prom, instances, "gpuwatch-fleet", "NVLink error leaders")
     assert nvml in {s["metric"]["instance"] for s in leaders}
+    # Blackwell and Grace only on the GB200 node: its two GPUs' NVLink5 BER (0), power-smoothing lifetime (92 %),
+    # 10 C2C links each, and module power above the GPU's own
+    gb200 = instances["gb200"]
+    ber = _panel_result(prom, instances, "gpuwatch-node", "NVLink5 effective bit error rate")
+    assert {(s["metric"]["instance"], float(s["value"][1])) for s in ber} == {(gb200, 0.0)} and len(ber) == 2
+    lifetime = _panel_result(prom, instances, "gpuwatch-node", "Power-smoothing lifetime")
+    assert {(s["metric"]["instance"], float(s["value"][1])) for s in lifetime} == {(gb200, 0.92)}
+    c2c = _panel_result(prom, instances, "gpuwatch-node", "NVLink-C2C links to the Grace CPU")
+    assert {(s["metric"]["instance"], s["metric"]["state"], float(s["value"][1])) for s in c2c} == \
+        {(gb200, "active", 10.0), (gb200, "inactive", 0.0)}
+    module = {s["metric"]["gpu"]: float(s["value"][1])
+              for s in _panel_result(prom, instances, "gpuwatch-node", "Module and GPU power (Grace)", "A")}
+    alone = {s["metric"]["gpu"]: float(s["value"][1])
+             for s in _panel_result(prom, instances, "gpuwatch-node", "Module and GPU power (Grace)", "B")}
+    assert set(module) == set(alone) == {"0", "1"} and all(module[g] > alone[g] > 0 for g in module)
     # fans only where there are fans: the simulated RTX 6000 node, not the passively cooled H200s
     fans = _panel_result(prom, instances, "gpuwatch-node", "Fan speed against target")
     assert {s["metric"]["instance"] for s in fans} == {sim}
