@@ -4,6 +4,7 @@ fake library: the field ids that moved between branches (groups/fieldids.py), NV
 import json
 import subprocess
 import sys
+import time
 
 import fakenvml
 import pytest
@@ -261,3 +262,95 @@ def test_nvlink_that_cannot_be_read_is_an_unsupported_feature(tmp_path):
     assert not [n for (n, k) in samples if n.startswith("gpuwatch_nvlink_") and dict(k)["gpu"] == "0"]
     assert value(samples, "gpuwatch_gpu_feature_supported", feature="nvlink", **g1) is None
     assert value(samples, "gpuwatch_nvlink_links", state="active", **g1) == 18
+
+
+# ------------------------------------------------------------------------------------ hostile answers
+
+def test_hostile_field_values_are_left_out_and_the_other_readings_stay(tmp_path):
+    """A recovery action of NaN (a double) or -1 (signed), a C2C error count of 2.5 and an NVLink5 counter of
+    inf are no readings: left out (the recovery action logged once), never an exception that would take the
+    GPU's other readings with it, never a drain on a number that is no action."""
+    node = fakenvml.FakeNode.gb200(2)
+    node.gpus[0].fields[230] = ("d", float("nan"))
+    node.gpus[1].fields[230] = ("sll", -1)
+    node.gpus[0].fields[231] = ("d", 2.5)
+    for link in range(18):
+        node.gpus[0].fields[(213, link)] = ("d", float("inf"))
+    node.gpus[0].nvlink5_aggregate = node.gpus[1].nvlink5_aggregate = False
+    samples, events = once(tmp_path, node)
+    for i in (0, 1):
+        g = dict(gpu=str(i), uuid=node.gpus[i].uuid)
+        assert value(samples, "gpuwatch_recovery_action", **g) is None
+        assert value(samples, "gpuwatch_temperature_celsius", sensor="gpu", **g) == 36  # the rest is there
+        assert value(samples, "gpuwatch_nvlink_links", state="active", **g) == 18
+    g0 = dict(gpu="0", uuid=node.gpus[0].uuid)
+    assert value(samples, "gpuwatch_c2c_errors_total", error="crc", **g0) is None
+    assert value(samples, "gpuwatch_nvlink_errors_total", error="recovery_successful", **g0) is None
+    assert value(samples, "gpuwatch_nvlink_errors_total", error="recovery_failed", **g0) == 0
+    assert [e["event"] for e in events].count("implausible_recovery_action") == 2
+    assert not [e for e in events if e["event"] in ("group_read_failed", "poll_failed")]
+
+
+@pytest.mark.parametrize(("packed", "ber"), [(fakenvml.pack_ber(1, 12), 1e-12), (fakenvml.pack_ber(2, 12), 2e-12)])
+def test_an_effective_ber_of_exactly_1e_12_is_not_exceeded(packed, ber):
+    """DCGM's IsEffectiveBerThresholdExceeded: worse than 1e-12 fails, 1e-12 itself does not."""
+    assert decode_ber(packed) == pytest.approx(ber)
+    assert _rising([dict(NV5)] * 10, ber=decode_ber(packed)).active == (ber > 1e-12)
+
+
+def test_a_link_counter_reset_does_not_make_the_sum_go_back(start):
+    """Where the driver has no device total the links are summed: one link's counter reset (a link retrained,
+    a GPU reset of its peer) is that link's alone; the sum never goes back, so nothing reads as a reset."""
+    from daemon import wait_for
+
+    node = fakenvml.FakeNode.b200(1)
+    g = node.gpus[0]
+    g.nvlink5_aggregate = False
+    g.nvlink5_errors["effective"][0] = 1_000_000
+    g.nvlink5_errors["effective"][5] = 10
+    d = start(node, args=["--poll.slow-interval", "1"])
+    labels = dict(gpu="0", uuid=g.uuid, error="effective")
+    d.wait_value("gpuwatch_nvlink_errors_total", 1_000_010, **labels)
+    g.nvlink5_errors["effective"][5] = 0  # link 5's counter reset
+    d.fx.write(node)
+    written = time.time()
+    wait_for(lambda: (d.value("gpuwatch_last_poll_timestamp_seconds", tier="slow") or 0) > written + 0.5,
+             what="a slow poll after the reset")
+    assert d.value("gpuwatch_nvlink_errors_total", **labels) == 1_000_010  # a plain sum would say 1,000,000
+    g.nvlink5_errors["effective"][5] = 3
+    d.fx.write(node)
+    d.wait_value("gpuwatch_nvlink_errors_total", 1_000_013, **labels)
+
+
+def test_a_group_whose_read_raises_loses_its_reading_alone(tmp_path):
+    """A group's read that raises (a bug, an answer it cannot take) costs that group on that GPU: the other
+    groups' readings are there, the poll reports an `internal` error, the group's collection fails, and it is
+    logged once (not every poll)."""
+    node = fakenvml.FakeNode.h200(1)
+    fx = fakenvml.prepare(tmp_path, node)
+    script = (
+        "import json, sys\n"
+        "from gpuwatch import logs\n"
+        "logs.configure('info', 'json')\n"
+        "from gpuwatch.backends.nvml import NvmlBackend\n"
+        "from gpuwatch.groups import ecc\n"
+        "def boom(self, q):\n"
+        "    raise ValueError('cannot take this')\n"
+        "ecc.Nvml.read_slow = boom\n"
+        "b = NvmlBackend()\n"
+        "b.open()\n"
+        "(gpu,) = b.discover()\n"
+        "samples = [b.read_slow(gpu.identity.uuid) for _ in range(3)]\n"
+        "s = samples[-1]\n"
+        "print(json.dumps({'errors': list(s.errors), 'collected': {n: ok for n, _, ok in s.collected},\n"
+        "                  'pcie': s.pcie.pcie_link_generation, 'ecc': dict(s.ecc.ecc_errors)}))\n"
+        "b.close()\n")
+    result = subprocess.run([sys.executable, "-c", script], env=fake_env(fx), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["errors"] == ["internal"] and out["ecc"] == {}
+    assert out["collected"]["ecc"] is False and out["collected"]["pcie"] is True
+    assert out["pcie"] == {"current": 5, "max": 5}
+    logged = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert [e["event"] for e in logged].count("group_read_failed") == 1

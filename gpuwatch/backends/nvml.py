@@ -460,8 +460,8 @@ def _stateful(function: str, handle: Any, args: tuple[Any, ...]) -> Any:
         return _GpmPair(handle, tuple(args[0])) if hasattr(N, "c_nvmlGpmMetricsGet_t") else None
     if function == "gpuwatch.mig":
         return _MigDevices(handle, tuple(args[0]) if args else ())
-    if function == "nvmlDeviceGetGpuFabricInfoV":
-        return _FabricInfoV(handle)
+    if function == "nvmlDeviceGetGpuFabricInfoV":  # a binding without the v2/v3 structures: unsupported
+        return _FabricInfoV(handle) if _FABRIC_VERSIONS else None
     return None
 
 
@@ -557,6 +557,7 @@ class _Probe:
             driver_version=self.numbering.driver_version, branch=self.numbering.branch,
             hint="the reading is left out and shown as an unsupported feature; please report the driver version "
                  "and `nvidia-smi -q` output so gpuwatch can learn this branch")
+
     def values(self, keys: Any) -> dict[FieldKey, float | int]:
         keys = list(dict.fromkeys(keys))
         if not keys:
@@ -677,6 +678,7 @@ class NvmlBackend:
         self._event_set: Any = None
         self._events_lock = threading.Lock()
         self._open = False
+        self._failed_groups: set[tuple[str, str]] = set()  # (uuid, group) whose read raised, logged once
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self) -> DriverInfo:
@@ -922,10 +924,26 @@ class NvmlBackend:
         for name, attr, reader in gpu.fast if fast else gpu.slow:
             before = len(errors)
             started = clock()
-            readings[attr] = reader.read_fast(q) if fast else reader.read_slow(q)
+            try:
+                readings[attr] = reader.read_fast(q) if fast else reader.read_slow(q)
+            except (DeviceLost, BackendUnavailable):
+                raise
+            except Exception as exc:  # a bug, or an answer the group did not expect: that group, that GPU only
+                errors.append("internal")
+                self._group_failed(uuid, name, exc)
             seconds = clock() - started + batch_seconds * shares.get(name, 0.0)
             collected.append((name, seconds, len(errors) == before and not field_errors.get(name)))
         return readings, errors, tuple(collected)
+
+    def _group_failed(self, uuid: str, group: str, exc: Exception) -> None:
+        """Log a group's read that raised, once per GPU and group (a value it cannot take repeats every poll)."""
+        if (uuid, group) in self._failed_groups:
+            return
+        self._failed_groups.add((uuid, group))
+        get_logger(component="nvml").error(
+            "group_read_failed", uuid=uuid, group=group, error=f"{type(exc).__name__}: {exc}",
+            hint="a gpuwatch bug or an NVML answer it cannot read: please report it with `nvidia-smi -q`; the "
+                 "group's reading on this GPU is left out (gpuwatch_collector_success 0), everything else goes on")
 
     def read_fast(self, uuid: str) -> FastSample:
         readings, errors, collected = self._read(uuid, "fast")

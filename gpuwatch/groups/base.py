@@ -31,6 +31,21 @@ LabelValues = tuple[str, ...]
 FieldKey = int | tuple[int, int]  # a field id (scope 0), or (field id, scopeId)
 
 
+MAX_COUNT = 2**64 - 1  # NVML's widest counter (unsigned long long)
+
+
+def whole(value: float | int | None, maximum: int = MAX_COUNT) -> int | None:
+    """A field value as a count or an enum: a finite whole number 0..maximum, else None (NaN, a negative, a
+    fraction or a huge number from a driver that answered something else: left out, never an exception)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():  # NaN and the infinities too
+            return None
+        value = int(value)
+    return value if 0 <= value <= maximum else None
+
+
 @dataclass(frozen=True)
 class Spec:
     """One metric family: the public contract (shared/metrics.md, docs/metrics.md)."""

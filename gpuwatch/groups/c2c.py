@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, Unsupported
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, Unsupported, whole
+from gpuwatch.groups.power import MODULE_POWER
 from gpuwatch.logs import get_logger
 
 _LINK_COUNT = 170
@@ -37,7 +38,7 @@ _POWER_STATE = 234  # scope = link: NVML_C2C_POWER_STATE_FULL_POWER 0, _LOW_POWE
 ERRORS: Mapping[str, int] = {"crc": 231, "replay": 232, "replay_b2b": 233}
 MAX_LINKS = 32  # more than any Grace-coupled GPU has; a larger count is garbage and is capped
 _LOW_POWER = 1
-_MODULE_POWER = (185, 1)  # NVML_FI_DEV_POWER_AVERAGE, scopeId NVML_POWER_SCOPE_MODULE (the power group's)
+_MODULE_POWER = MODULE_POWER  # the power group's key: field 185 with scopeId NVML_POWER_SCOPE_MODULE
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +70,8 @@ class Nvml:
         errors = dev.values(ERRORS.values()) if on else {}
         self.errors = tuple((name, fid) for name, fid in ERRORS.items() if fid in errors and dev.field(fid, "slow"))
         # the feature is the hardware: C2C mode on (or links counted); links that cannot be read are said once
-        dev.feature("c2c", True if on else (False if enabled is True else None))
-        if enabled is True and not on:
+        dev.feature("c2c", True if on else (False if enabled is True or links else None))
+        if (enabled is True or links) and not on:
             get_logger(component="c2c").warning(
                 "c2c_links_unreadable", hint="the driver says C2C is enabled but answers no C2C link count or link "
                                              "status (fields 170/171): no C2C link series and no c2c_link_down on "
@@ -105,9 +106,9 @@ class Nvml:
                 bandwidth[str(link)] = float(mbps) * 1e6
         errors = {}
         for name, fid in self.errors:
-            value = q.field(fid)
+            value = whole(q.field(fid))
             if value is not None:
-                errors[name] = int(value)
+                errors[name] = value
         return C2c(up, low, bandwidth, errors, self.at_discovery)
 
 

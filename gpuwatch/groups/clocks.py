@@ -116,7 +116,7 @@ class Nvml:
             if key not in wanted or fid is None or not dev.has_field(fid):
                 continue
             if isinstance(key, str) and not dev.numbering_known and \
-                    dev.value_type(fid) not in (None, fieldids.VALUE_TYPE_UNSIGNED_LONG_LONG):
+                    dev.value_type(fid) != fieldids.VALUE_TYPE_UNSIGNED_LONG_LONG:
                 dev.reject(f"{reason} throttle time (field {fid})",
                            f"answered value type {dev.value_type(fid)}, not an unsigned 64-bit count of nanoseconds")
                 continue

@@ -12,7 +12,8 @@ healthy / unhealthy / limited capacity, exported as gpuwatch_fabric_health_summa
 structure (the health mask only), else nvmlDeviceGetGpuFabricInfo on older drivers. On an NVSwitch
 system the fabric manager registers every GPU at boot; until the state is "completed" with status
 success, CUDA fails with "system not yet initialized" (the classic HGX failure: nvidia-fabricmanager
-is not running). PCIe cards answer NOT_SUPPORTED (or the state NOT_SUPPORTED): feature 0, never
+is not running). PCIe cards answer NOT_SUPPORTED (or the state NOT_SUPPORTED): no fabric (no series, no
+feature series: a class of hardware), never
 called again.
 """
 

@@ -50,8 +50,10 @@ class Gpm:
 
 class Nvml:
     def __init__(self, dev: Device) -> None:
+        transient = False
         try:
             answer = dev.probe(dev.call("nvmlGpmQueryDeviceSupport"))
+            transient = answer is None  # a transient error: whether the GPU has GPM is not known now
         except Unsupported:
             answer = None
         self.metrics = None
@@ -62,7 +64,7 @@ class Nvml:
         self.pcie = {"tx": 0.0, "rx": 0.0}
         # supported by the device but its metrics cannot be read: 0; not a GPM device: nothing
         supported_device = answer is not None and bool(getattr(answer, "isSupportedDevice", False))
-        dev.feature("gpm", True if self.metrics is not None else (False if supported_device else None))
+        dev.feature("gpm", True if self.metrics is not None else (False if supported_device or transient else None))
 
     def read_fast(self, q: Query) -> Gpm:
         got = q(self.metrics) if self.metrics is not None else None

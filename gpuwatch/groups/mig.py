@@ -48,8 +48,10 @@ class MigReading:
 
 class Nvml:
     def __init__(self, dev: Device) -> None:
+        transient = False
         try:
             mode = dev.probe(dev.call("nvmlDeviceGetMigMode"))
+            transient = mode is None  # a transient error: whether MIG is on is not known now
         except Unsupported:
             mode = None
         self.devices: Any = None
@@ -60,7 +62,7 @@ class Nvml:
                 dev.supported(devices.readings)
                 self.devices = devices
         # MIG enabled but its devices cannot be enumerated: 0; MIG off or not a MIG GPU: nothing
-        enabled = mode is not None and int(mode[0]) == 1
+        enabled = (mode is not None and int(mode[0]) == 1) or transient
         dev.feature("mig", True if self.devices is not None else (False if enabled else None))
 
     def read_fast(self, q: Query) -> tuple[MigReading, ...]:

@@ -27,7 +27,8 @@ The error counters depend on the generation:
 
 With ``--collector.nvlink.per-link``: each link's up state and its error counters (the DL counters
 before Blackwell, the default NVLink5 counters and the symbol errors from Blackwell). A GPU without
-NVLink (PCIe cards) has no link count: feature 0, no calls after discovery.
+NVLink (PCIe cards) has no link count: no series and no feature series (a class of hardware), no calls
+after discovery; one whose links are counted but answer nothing has the nvlink feature 0.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups.base import Device, Emit, FieldKey, G, Group, Query, Spec, Unsupported
+from gpuwatch.groups.base import Device, Emit, FieldKey, G, Group, Query, Spec, Unsupported, whole
 
 _LINK_COUNT = 91
 _STATE = 165  # scope = link: NVML_NVLINK_STATE_INACTIVE 0, ACTIVE 1, SLEEP 2, ACTIVE_TRAFFIC_DISABLED 3
@@ -65,13 +66,14 @@ def decode_ber(value: float | int, kind: str | None = None) -> float | None:
     if kind == _DOUBLE or isinstance(value, float):
         number = float(value)
         return number if 0.0 <= number <= 1.0 else None
-    packed = int(value)
-    if packed < 0 or packed > 0xFFF:
+    packed = whole(value, 0xFFF)
+    if packed is None:
         return None
     mantissa, exponent = (packed >> 8) & 0xF, packed & 0xFF
     if mantissa == 15 and exponent == 255:
         return 0.0
-    return mantissa * 10.0 ** -exponent
+    ber = mantissa * 10.0 ** -exponent
+    return ber if ber <= 1.0 else None  # 15e0, 2e0: no error rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,7 @@ Source = tuple[str, tuple[FieldKey, ...]]  # (error kind, the field keys whose v
 class Nvml:
     def __init__(self, dev: Device) -> None:
         count = dev.values([_LINK_COUNT]).get(_LINK_COUNT) if dev.has_field(_LINK_COUNT) else None
-        links = range(min(max(int(count or 0), 0), MAX_LINKS))
+        links = range(min(whole(count) or 0, MAX_LINKS))
         states = dev.values([(_STATE, link) for link in links])
         self.links = tuple(link for link in links if states.get((_STATE, link)) in _STATES)
         for link in self.links:
@@ -109,6 +111,8 @@ class Nvml:
         self.ber: tuple[Source, ...] = ()
         self.link_errors: tuple[tuple[str, str, FieldKey], ...] = ()
         self.double: frozenset[FieldKey] = frozenset()
+        self._last: dict[str, list[int]] = {}  # kind -> each link's count at the last read (per-link kinds)
+        self._sums: dict[str, int] = {}  # kind -> its running total over the links
         if on and self.generation == 5:
             detail = bool(dev.option("packet-errors"))
             self.errors = self._totals(dev, {**NVLINK5_ERRORS, **(NVLINK5_DETAIL if detail else {})})
@@ -130,7 +134,9 @@ class Nvml:
         self.traffic = tuple((d, fid) for d, fid in _TRAFFIC.items()
                              if (fid, ALL_LINKS) in traffic and dev.field((fid, ALL_LINKS), "slow"))
         # links counted but none of their states readable: the GPU has NVLink that gpuwatch cannot see
-        dev.feature("nvlink", True if on else (False if links else None))
+        # (or the link count itself did not answer now though the GPU has the field: a transient error)
+        unreadable = bool(links) or (dev.has_field(_LINK_COUNT) and count is None)
+        dev.feature("nvlink", True if on else (False if unreadable else None))
 
     def _totals(self, dev: Device, wanted: Mapping[str, int]) -> tuple[Source, ...]:
         """Each counter as the device total (scopeId = all links) where the driver answers it, else
@@ -152,6 +158,18 @@ class Nvml:
                 out.append((name, keys))
         return tuple(out)
 
+    def _total(self, name: str, counts: list[int]) -> int:
+        """The kind's count over its keys (one device total, or one per link): per link, the sum of each
+        link's increases since the first read, so that one link's counter reset is that link's alone and
+        never makes the total go back (a total that went back reads as a reset of every link)."""
+        if len(counts) == 1:
+            return counts[0]
+        before = self._last.get(name)
+        total = sum(counts) if before is None else \
+            self._sums[name] + sum(now - was if now >= was else now for now, was in zip(counts, before))
+        self._last[name], self._sums[name] = counts, total
+        return total
+
     def read_fast(self, q: Query) -> None:
         return None
 
@@ -165,9 +183,9 @@ class Nvml:
                 up[str(link)] = state != _INACTIVE
         errors = {}
         for name, keys in self.errors:
-            counts = [int(v) for key in keys if (v := q.field(key)) is not None]
+            counts = [c for key in keys if (c := whole(q.field(key))) is not None]
             if len(counts) == len(keys):  # a sum with a link missing would look like a reset
-                errors[name] = sum(counts)
+                errors[name] = self._total(name, counts)
         ber = {}
         for name, keys in self.ber:
             rates = [None if (v := q.field(key)) is None else decode_ber(v, _DOUBLE if key in self.double else None)
@@ -181,9 +199,9 @@ class Nvml:
                 traffic[direction] = float(value) * 1024.0
         link_errors = {}
         for label, name, key in self.link_errors:
-            value = q.field(key)
+            value = whole(q.field(key))
             if value is not None:
-                link_errors[(label, name)] = int(value)
+                link_errors[(label, name)] = value
         return NvLink(up, errors, traffic, link_errors, self.per_link or None, self.at_discovery, self.remote,
                       ber, self.generation)
 
@@ -196,7 +214,8 @@ def _nvlink5(dev: Device) -> bool:
         version = dev.probe(dev.call("nvmlDeviceGetNvLinkVersion", 0))
     except Unsupported:
         return False
-    return version is not None and int(version) >= _NVLINK_5
+    version = whole(version)
+    return version is not None and version >= _NVLINK_5
 
 
 _REMOTE_TYPES = {0: "GPU", 1: "IBM NPU", 2: "NVSwitch"}

@@ -26,7 +26,8 @@ from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 
 _ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
 _POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE, mW (what nvmlDeviceGetPowerUsage reports on Ampere and newer)
-_MODULE = (_POWER_AVERAGE, 1)  # scopeId NVML_POWER_SCOPE_MODULE
+MODULE_POWER = (_POWER_AVERAGE, 1)  # scopeId NVML_POWER_SCOPE_MODULE
+_MODULE = MODULE_POWER
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,14 @@ class Nvml:
             dev.reject(f"power smoothing lifetime (field {fid})", f"answered {value!r}, not a percentage 0-100")
             self.rejected = True
             return None
+        if not dev.numbering_known and not _numbering_holds(dev):
+            # a 0/1 flag under a renumbering would pass for a percentage: read it only where the branch's
+            # throttle counters still answer where the newest numbering puts them
+            dev.reject(f"power smoothing lifetime (field {fid})",
+                       "a driver branch newer than gpuwatch's table whose throttle-time counters do not answer "
+                       "where the newest numbering puts them: the lifetime's id cannot be trusted either")
+            self.rejected = True
+            return None
         return fid if dev.field(fid, "slow") else None
 
     def read_fast(self, q: Query) -> Power:
@@ -104,6 +113,16 @@ class Nvml:
                 limits[name] = value / 1000.0
         lifetime = None if self.lifetime is None else _percent(q.field(self.lifetime))
         return PowerLimits(limits, lifetime)
+
+
+def _numbering_holds(dev: Device) -> bool:
+    """On a branch newer than the table: the SW thermal throttle counter answers where the newest numbering
+    puts it, as an unsigned 64-bit count (evidence that the power-smoothing ids moved with it, or not at all)."""
+    sw = dev.field_id(fieldids.SW_THERMAL_NS)
+    if sw is None:
+        return False
+    dev.values([sw])
+    return dev.value_type(sw) == fieldids.VALUE_TYPE_UNSIGNED_LONG_LONG
 
 
 def render(emit: Emit, fast: Power | None, slow: PowerLimits | None) -> None:

@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, whole
 from gpuwatch.logs import get_logger
 
 FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+_MAX_ACTION = 255  # an enum: anything larger is no action (a driver that answered something else)
 #: NVML_GPU_RECOVERY_ACTION_* -> (name, what the operator does). 0 is "none": nothing to do.
 ACTIONS: Mapping[int, tuple[str, str]] = {
     0: ("none", "nothing: the GPU can be used again by starting a new process"),
@@ -45,7 +46,7 @@ class Nvml:
     def __init__(self, dev: Device) -> None:
         self.supported = dev.field(FIELD, "slow")
         dev.feature("recovery_action", self.supported)
-        self.unknown: set[int] = set()  # values logged once
+        self.unknown: set[int | str] = set()  # values logged once
 
     def read_fast(self, q: Query) -> None:
         return None
@@ -54,7 +55,15 @@ class Nvml:
         value = q.field(FIELD) if self.supported else None
         if value is None:
             return Recovery()
-        action = int(value)
+        action = whole(value, _MAX_ACTION)
+        if action is None:  # not an enum value at all (NaN, negative, huge): no reading, said once
+            if "implausible" not in self.unknown:
+                self.unknown.add("implausible")
+                get_logger(component="recovery").warning(
+                    "implausible_recovery_action", value=repr(value),
+                    hint="the driver answered field 230 with something that is no recovery action; it is left out "
+                         "(no gpuwatch_recovery_action, no recovery_action_required): check `nvidia-smi -q`")
+            return Recovery()
         if action not in ACTIONS and action not in self.unknown:
             self.unknown.add(action)
             get_logger(component="recovery").warning(

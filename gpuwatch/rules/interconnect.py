@@ -55,11 +55,10 @@ def _nvlink_link_down(window: Window, uuid: str, config: RuleConfig) -> Observat
 
 # --------------------------------------------------------------------------------- errors
 
-_KINDS = ("crc_flit", "crc_data", "replay", "recovery")  # before Blackwell: rates against limits
 # NVLink5 (Blackwell): any failed recovery or packet error is a failure (DCGM's health watch: an increase of
-# 1); successful recoveries and effective errors count against their rate limits
+# 1); successful recoveries and effective errors count against their rate limits, as the DL counters do before
 _ANY = ("recovery_failed", "malformed_packet", "buffer_overrun", "receive", "remote", "general",
-        "local_link_integrity")
+        "local_link_integrity", "transmit_discards")
 
 
 def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[str, int]]:
@@ -79,13 +78,13 @@ def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[
 
 def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
     slow = _slow(window, uuid)
-    if slow is None or not slow.nvlink.nvlink_errors:
+    if slow is None or not (slow.nvlink.nvlink_errors or slow.nvlink.nvlink_bit_error_rate):
         return None
     lookback = config["lookback_seconds"]
     readings, span, increase = window.slow_history(uuid).derive(_increases, _increases, window.since(lookback))
     ber = slow.nvlink.nvlink_bit_error_rate.get("effective")
     ber_limit = config["max_effective_ber"]
-    ber_bad = ber is not None and ber > ber_limit
+    ber_bad = ber is not None and ber > ber_limit  # DCGM: exactly 1e-12 is not exceeded
     if (readings < 2 or span < lookback / 5) and not ber_bad:
         return None
     per_minute = {kind: n / span * 60.0 for kind, n in increase.items()} if span > 0 else {}
@@ -99,7 +98,7 @@ def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Obse
         rate("recovery_successful", 0.0) / limit(config["recovery_per_minute"]),
         rate("effective", 0.0) / limit(config["effective_per_minute"]),
         float(any(increase.get(kind, 0) > 0 for kind in _ANY)),
-        (ber or 0.0) / limit(ber_limit),
+        float(ber_bad),
     )
 
     def summary() -> str:
@@ -258,6 +257,7 @@ RULES = RULES + (
         condition="A C2C link between a Grace-coupled GPU (GH200, GB200) and its Grace CPU is inactive (it was "
                   "active at discovery, or the GPU's link count says it exists) and not in the low-power state; "
                   "the summary names the link.",
-        evaluate=_c2c_link_down,  # every GPU: "cannot tell" without C2C readings (the c2c group has no feature)
+        evaluate=_c2c_link_down,
+        applies=needs("c2c"),
     ),
 )
