@@ -1287,26 +1287,18 @@ def _gb200(index: int) -> FakeGpu:
     Blackwell, 192 GiB HBM3e, 1,000 W (400-1,200 W), 145 W and 36 C idle, liquid cooled (no fans), 18
     NVLink5 links to 4 NVSwitches (the NVLink5 counters, as the B200's; no DL counters), fabric completed, C2C
     on, power smoothing; put on an R580.65 driver by FakeNode.gb200 (throttle counters at 251-253)."""
-    g = _h200(index)
+    g = _b200(index)  # Blackwell, the B200's memory, limits, clocks, PCIe gen 6 and NVLink5 counters
     g.__dict__.update(_identity("gb200", index))
     g.name = "NVIDIA GB200"
     g.vbios = "96.00.9E.00.01"
-    g.architecture = 10  # NVML_DEVICE_ARCH_BLACKWELL
     g.pci_device_id, g.pci_subsystem_id = 0x233010DE, 0x181710DE
-    g.cuda_cc = (10, 0)
     g.temperature, g.margin_temperature, g.memory_temperature = 36, 49, 34
     g.tlimit_thresholds = (-10, -5, 0, 0)  # shutdown 95, slowdown 90, max operating 85 C
     g.power_mw, g.module_power_mw = 145_000, 262_500
     g.energy_mj = 234_567_890
-    g.power_limit_mw = g.enforced_power_limit_mw = g.default_power_limit_mw = 1_000_000
-    g.power_limit_constraints_mw = (400_000, 1_200_000)
-    g.memory_total, g.memory_reserved = 196_608 * MIB, 1024 * MIB
-    g.clocks, g.max_clocks = [345, 345, 2500, 1200], [2100, 2100, 2500, 2100]
-    g.pcie_gen = g.pcie_max_gen = 6
+    g.nvlink_traffic_kib = (1_234_567, 1_198_765)
     g.nvlink_remotes = {link: (2, f"00000000:{0x01 + link % 4:02X}:00.0") for link in range(18)}
     g.fabric_cluster_uuid = "0" * 31 + "1"
-    b200 = _b200(index)
-    g.nvlink_errors, g.nvlink5_errors, g.nvlink5_ber = {}, b200.nvlink5_errors, b200.nvlink5_ber
     g.power_smoothing = {251: 1, 258: 92}
     _grace_coupled(g)
     return g
