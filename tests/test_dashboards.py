@@ -674,7 +674,8 @@ def test_every_panel_query_returns_data(stack):
         return not pending
 
     try:
-        wait_for(all_answer, 30, "every panel query to return data")
+        # 75 s: the accounting panels sum windows sampled at whole minutes, a minute at most after the first scrape
+        wait_for(all_answer, 75, "every panel query to return data")
     except AssertionError:
         raise AssertionError("panel queries without data:\n" + "\n".join(
             f"{uid} {title!r} {ref}: {expr}" for (uid, title, ref), expr in sorted(empty.items()))) from None
@@ -816,17 +817,18 @@ def test_jobs_panels_show_the_jobs(stack):
     power = by_job("Power per job")
     assert power[slurm_a] > 0 and power[slurm_b] > 0 and power[slurm_b] == pytest.approx(power[unknown])
     assert by_job("Frame buffer per job") == {slurm_a: 5 * GIB, slurm_b: 20 * GIB}
+    # the GPU-hours and energy totals sum 5-minute accounting windows sampled at whole minutes ([5m:1m]): a job
+    # whose series began after the last whole minute (the stack started a few seconds ago) is in them from the
+    # next minute on
+    users = {"54321", "54322", "(none)", "sim"}
+    wait_for(lambda: {slurm_a, slurm_b, unknown} <= set(by_job("GPU-hours per job"))
+             and {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "GPU-hours per user")} == users,
+             75, "every job and user in the accounting windows (the next whole minute)")
     hours = by_job("GPU-hours per job")
     assert hours[slurm_a] > 0 and hours[slurm_a] == pytest.approx(2 * hours[slurm_b]) \
         and hours[slurm_b] == pytest.approx(hours[unknown])
     energy = by_job("Energy per job")
     assert energy[slurm_a] > 0 and energy[slurm_b] == pytest.approx(energy[unknown])
-    # the day totals sum 5-minute accounting windows sampled at whole minutes ([5m:1m]): a job whose series
-    # began after the last whole minute (the simulator's, read on its host job's first slow interval) is in
-    # them from the next minute on
-    users = {"54321", "54322", "(none)", "sim"}
-    wait_for(lambda: {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "GPU-hours per user")}
-             == users, 75, "every user in the GPU-hours per user")
     per_user = {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "GPU-hours per user")}
     assert per_user == users
     assert {s["metric"]["user"] for s in _panel_result(prom, instances, uid, "Energy per user")} == per_user
