@@ -5,6 +5,9 @@ while it runs to inject faults.
 """
 
 import json
+import os
+import subprocess
+import sys
 
 import fakenvml
 from daemon import wait_for
@@ -262,3 +265,23 @@ def test_a_failing_reading_marks_its_group_not_the_others(start):
     assert d.value("gpuwatch_collector_success", group="clocks") == 1
     assert d.value("gpuwatch_collector_duration_seconds", group="thermal") > 0
     assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is not None
+
+
+def test_a_library_copied_as_a_text_file_says_how_to_link_it(tmp_path):
+    """A copy that turned the libnvidia-ml.so.1 symlink into a text file naming the real library (as NVIDIA's
+    mock arrives in shared/): NVML cannot be loaded, and the hint names the file and the link that mends it."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libnvidia-ml.so.550.163.01").write_bytes(b"\x7fELF not really")
+    (lib / "libnvidia-ml.so.1").write_text("libnvidia-ml.so.550.163.01")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUWATCH_", "FAKE_NVML"))}
+    env["LD_LIBRARY_PATH"] = str(lib)
+    result = subprocess.run([sys.executable, "-m", "gpuwatch", "once", "--log.format", "json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    (down,) = [json.loads(line) for line in result.stderr.splitlines()
+               if line.startswith("{") and json.loads(line)["event"] == "backend_down"]
+    assert down["reason"] == "library_not_found"
+    assert f"{lib / 'libnvidia-ml.so.1'} is not a library but a text file naming libnvidia-ml.so.550.163.01" \
+        in down["hint"]
+    assert f"ln -sf {lib / 'libnvidia-ml.so.550.163.01'} /tmp/nvml/libnvidia-ml.so.1" in down["hint"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -71,6 +72,7 @@ _BACKEND_GONE = {
         "no access to /dev/nvidiactl: run gpuwatch as a user that may open the NVIDIA device nodes"),
 }
 
+_LIBRARY = "libnvidia-ml.so.1"  # what pynvml loads on Linux
 _ARCHITECTURES = {
     2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",
     9: "hopper", 10: "blackwell", 13: "rubin",
@@ -472,6 +474,26 @@ def _resolve(function: str) -> Callable[..., Any] | None:
     return own if own is not None else getattr(N, function, None)
 
 
+def _copied_symlink_hint() -> str | None:
+    """A libnvidia-ml.so.1 on LD_LIBRARY_PATH that is no library but a few bytes of text naming one beside it: a
+    symlink copied as a file (a tarball or a copy tool that does not keep links). The hint says how to mend it."""
+    for directory in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)):
+        path = os.path.join(directory, _LIBRARY)
+        try:
+            if not os.path.isfile(path) or os.path.islink(path) or os.path.getsize(path) > 255:
+                continue
+            with open(path, "rb") as stub:
+                target = stub.read().decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        if target and "/" not in target and os.path.isfile(os.path.join(directory, target)):
+            real = os.path.join(os.path.abspath(directory), target)
+            return (f"{path} is not a library but a text file naming {target}: a symlink copied as a file. Link "
+                    f"it in a directory of your own (`mkdir -p /tmp/nvml && ln -sf {real} /tmp/nvml/{_LIBRARY}`) "
+                    "and put that directory first on LD_LIBRARY_PATH; gpuwatch keeps retrying")
+    return None
+
+
 def _handle_key(handle: Any) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
@@ -761,6 +783,8 @@ class NvmlBackend:
     def _unavailable(exc: N.NVMLError) -> BackendUnavailable:
         reason, hint = _BACKEND_GONE.get(
             exc.value, (ERROR_NAMES.get(exc.value, "unknown"), "check `nvidia-smi`; gpuwatch keeps retrying"))
+        if exc.value == N.NVML_ERROR_LIBRARY_NOT_FOUND:
+            hint = _copied_symlink_hint() or hint
         return BackendUnavailable(reason, f"NVML: {exc}", hint)
 
     def _fail(self, exc: N.NVMLError, uuid: str) -> Exception:
