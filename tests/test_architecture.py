@@ -56,3 +56,20 @@ def test_lower_layers_never_import_higher_ones():
             if name == prefix or name.startswith(prefix + "."):
                 bad = {i for i in imports(path) for b in banned if i == b or i.startswith(b + ".")}
                 assert not bad, f"{name} imports {bad}"
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A leading underscore means "this module's own": what another module needs is public there."""
+    found = []
+    for name, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpuwatch"):
+                found += [f"{name} imports {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and a.name != "__version__"]
+    assert found == []
+
+
+def test_no_module_is_over_500_lines():
+    long = {name: n for name, path in modules() if (n := len(path.read_text().splitlines())) > 500}
+    assert long == {"gpuwatch.backends.nvml": long.get("gpuwatch.backends.nvml"),
+                    "gpuwatch.backends.simulated.faults": long.get("gpuwatch.backends.simulated.faults")}

@@ -14,7 +14,7 @@ from fakehost import fake_process, pod_v2, proc_stat, scontrol_world, slurm_v1_j
 from gpuwatch.clock import FakeClock
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside import HostReader, cgroups
-from gpuwatch.hostside.slurm import Answer, SlurmAllocations, hostlist_contains, parse_scontrol_job
+from gpuwatch.hostside.slurm_allocations import Answer, SlurmAllocations, hostlist_contains, parse_scontrol_job
 from gpuwatch.model import GpuState
 from gpuwatch.testing import identity
 

@@ -13,12 +13,12 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from gpuwatch import __version__, logs, slurm, web
+from gpuwatch import __version__, drain, logs, web
 from gpuwatch import config as configuration
 from gpuwatch.agent import Agent
-from gpuwatch.cli.check import _check, _drain_settings
-from gpuwatch.cli.record import _record
-from gpuwatch.cli.run import _exit_past_stuck_threads, _list_scenarios, _once, _run
+from gpuwatch.cli.check import check_command, drain_settings
+from gpuwatch.cli.record import record_command
+from gpuwatch.cli.run import exit_past_stuck_threads, list_scenarios, once_command, run_command
 from gpuwatch.errors import ConfigError, ReplayFormatError
 
 EX_CONFIG = 78
@@ -53,13 +53,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--node", metavar="NAME", help="Slurm NodeName of this node (default: the short host name)")
     check.add_argument("--resume-after", metavar="SECONDS",
                        help=f"healthy time before --resume acts: 600, 10m... "
-                            f"(default {slurm.DEFAULT_RESUME_AFTER:g})")
+                            f"(default {drain.DEFAULT_RESUME_AFTER:g})")
     check.add_argument("--min-interval", metavar="SECONDS",
                        help=f"at most one drain or resume per this time, 0 for no limit "
-                            f"(default {slurm.DEFAULT_MIN_INTERVAL:g})")
-    check.add_argument("--state-file", metavar="PATH", default=slurm.DEFAULT_STATE_FILE,
+                            f"(default {drain.DEFAULT_MIN_INTERVAL:g})")
+    check.add_argument("--state-file", metavar="PATH", default=drain.DEFAULT_STATE_FILE,
                        help="where --drain/--resume remember the healthy time and the last action "
-                            f"(default {slurm.DEFAULT_STATE_FILE})")
+                            f"(default {drain.DEFAULT_STATE_FILE})")
     text = "poll the configured backend like `run` (serving nothing) and write what it reports to a trace"
     record = sub.add_parser("record", help=text, description=f"{text} (format: docs/trace-format.md)")
     configuration.add_arguments(record)
@@ -79,29 +79,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides: dict[str, Any] = {}
     if args.command == "demo":
         if args.list:
-            return _list_scenarios()
+            return list_scenarios()
         overrides = {"backend": "simulated", "sim_faults": True}
     duration = None
-    drain = None
+    slurm = None
     try:
         config = configuration.load(args, overrides=overrides)
         if args.command == "record" and args.duration is not None:
             duration = configuration.parse_duration("--duration", args.duration)
         if args.command == "check":
-            drain = _drain_settings(args)
+            slurm = drain_settings(args)
         if config.web_config_file:
             web.load(config.web_config_file)  # the whole file and the files it names: exit 78 at start
     except ConfigError as exc:
         logs.say(f"gpuwatch: configuration error: {exc}")
         return EX_CONFIG
     if args.command == "check":
-        if drain is not None:
+        if slurm is not None:
             logs.configure(config.log_level, config.log_format)
-        return _check(config, drain)
+        return check_command(config, slurm)
     logs.configure(config.log_level, config.log_format)
     try:
         if args.command == "record":
-            return _record(config, args.output, duration)
+            return record_command(config, args.output, duration)
         agent = Agent(config)
     except ConfigError as exc:
         logs.say(f"gpuwatch: configuration error: {exc}")
@@ -110,9 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.say(f"gpuwatch: cannot replay: {exc}")
         return EX_CONFIG
     if args.command == "once":
-        return _once(agent)
-    rc = _run(agent, demo=args.command == "demo", reload=lambda: configuration.load(args, overrides=overrides))
-    _exit_past_stuck_threads(rc)
+        return once_command(agent)
+    rc = run_command(agent, demo=args.command == "demo", reload=lambda: configuration.load(args, overrides=overrides))
+    exit_past_stuck_threads(rc)
     return rc
 
 

@@ -6,33 +6,33 @@ import argparse
 import json
 from typing import Any
 
-from gpuwatch import slurm, web
+from gpuwatch import drain, web
 from gpuwatch.config import Config
 from gpuwatch.status import verdict, where
 
 
-def _drain_settings(args: argparse.Namespace) -> slurm.Settings | None:
+def drain_settings(args: argparse.Namespace) -> drain.Settings | None:
     """`check --drain/--resume` and their options (docs/slurm.md); None without either. ConfigError if bad."""
     if not (args.drain or args.resume):
         return None
-    return slurm.Settings(
-        node=args.node or slurm.default_node_name(), drain=args.drain, resume=args.resume, dry_run=args.dry_run,
-        resume_after=slurm.DEFAULT_RESUME_AFTER if args.resume_after is None
-        else slurm.parse_seconds("--resume-after", args.resume_after),
-        min_interval=slurm.DEFAULT_MIN_INTERVAL if args.min_interval is None
-        else slurm.parse_seconds("--min-interval", args.min_interval),
+    return drain.Settings(
+        node=args.node or drain.default_node_name(), drain=args.drain, resume=args.resume, dry_run=args.dry_run,
+        resume_after=drain.DEFAULT_RESUME_AFTER if args.resume_after is None
+        else drain.parse_seconds("--resume-after", args.resume_after),
+        min_interval=drain.DEFAULT_MIN_INTERVAL if args.min_interval is None
+        else drain.parse_seconds("--min-interval", args.min_interval),
         state_file=args.state_file)
 
 
-def _check(config: Config, drain: slurm.Settings | None = None) -> int:
+def check_command(config: Config, slurm: drain.Settings | None = None) -> int:
     """Exit 0 healthy (warnings are printed), 1 on a critical anomaly, 2 when the state is unknown.
 
-    With ``drain`` (--drain/--resume) the node is then drained or resumed in Slurm (gpuwatch/slurm.py,
+    With ``slurm`` (--drain/--resume) the node is then drained or resumed in Slurm (gpuwatch/drain.py,
     docs/slurm.md); the exit code stays the check's verdict whatever happens there.
     """
     rc, document = _check_status(config)
-    if drain is not None:
-        for line in slurm.enforce(document, drain).lines:
+    if slurm is not None:
+        for line in drain.enforce(document, slurm).lines:
             print(line)
     return rc
 

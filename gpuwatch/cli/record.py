@@ -13,7 +13,7 @@ from gpuwatch.clock import SystemClock
 from gpuwatch.config import Config
 
 
-def _record(config: Config, output: str, duration: float | None) -> int:
+def record_command(config: Config, output: str, duration: float | None) -> int:
     """The normal poller over the configured backend wrapped in a Recorder, for ``duration`` (or until a signal)."""
     from gpuwatch.backends.recorder import Recorder
     from gpuwatch.trace import TraceWriter

@@ -21,7 +21,7 @@ from gpuwatch.sdnotify import Notifier
 EX_CONFIG = 78
 
 
-def _exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
+def exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
     """A poll thread stuck in a wedged NVML call (D state) cannot be joined: exit without waiting for it.
 
     (Python joins thread-pool workers at exit, daemon or not, so a stuck one would hang the stop.)
@@ -41,7 +41,7 @@ def _exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
         os._exit(rc)
 
 
-def _once(agent: Agent) -> int:
+def once_command(agent: Agent) -> int:
     agent.poller.poll_fast()  # opens the backend and also runs the first slow poll
     agent.poller.poll_host()  # and the host groups once (allocations, jobs)
     sys.stdout.buffer.write(agent.exposition.render()[0])
@@ -51,7 +51,7 @@ def _once(agent: Agent) -> int:
     return 0 if up else 1
 
 
-def _run(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
+def run_command(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     log = logs.get_logger(component="main")
     config = agent.config
     stop = threading.Event()
@@ -168,7 +168,7 @@ def _reload(agent: Agent, reload: Callable[[], Config], log: Any) -> None:
                     hint="these settings take effect at the next start: systemctl restart gpuwatch")
 
 
-def _list_scenarios() -> int:
+def list_scenarios() -> int:
     from gpuwatch.backends.simulated import scenarios
 
     for name, scenario in sorted(scenarios().items()):

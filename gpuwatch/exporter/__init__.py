@@ -16,7 +16,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpuwatch import __version__, groups, logs
 from gpuwatch.clock import Clock
-from gpuwatch.exporter.collector import Renderer, build_labels, freshness_key
+from gpuwatch.exporter.render import Renderer, build_labels, freshness_key
 from gpuwatch.model import NodeSnapshot
 
 OPENMETRICS_EOF = "# EOF\n"

@@ -1,6 +1,6 @@
 """slurm: which Slurm job holds which GPU, whether or not a process runs on it (host side, slow tier).
 
-No NVML: read on the host (gpuwatch/hostside/slurm.py) on the host job's own thread every slow
+No NVML: read on the host (gpuwatch/hostside/slurm_allocations.py) on the host job's own thread every slow
 interval, so a slow or hung slurmctld never delays a poll. Per job found in this node's cgroup tree,
 the first source that can tell:
 

@@ -98,7 +98,7 @@ class HostReader:
         self._log = get_logger(component="hostside")
         self._slurm = self._kubelet = self._jobs = self._grace = None
         if "slurm" in enabled:
-            from gpuwatch.hostside.slurm import SlurmAllocations
+            from gpuwatch.hostside.slurm_allocations import SlurmAllocations
 
             self._slurm = SlurmAllocations(_group_options(options, "slurm"), mapping_dir, monotonic, self._errors)
         if "kubernetes" in enabled:

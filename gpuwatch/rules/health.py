@@ -26,7 +26,7 @@ from gpuwatch.rules.thermal import gpu_label
 CRITICAL_XIDS: Mapping[int, str] = {code: XIDS[code][0] for code in sorted(CRITICAL_XID_CODES)}
 
 
-def _up_state(window: Window, uuid: str) -> GpuState | None:
+def up_state(window: Window, uuid: str) -> GpuState | None:
     """The GPU's state if it is answering and the backend is up; None: its readings are stale."""
     state = window.gpu(uuid)
     if state is None or not state.up or not window.latest.backend_up:
@@ -34,8 +34,8 @@ def _up_state(window: Window, uuid: str) -> GpuState | None:
     return state
 
 
-def _slow(window: Window, uuid: str) -> SlowSample | None:
-    state = _up_state(window, uuid)
+def slow_of(window: Window, uuid: str) -> SlowSample | None:
+    state = up_state(window, uuid)
     return None if state is None else state.slow
 
 
@@ -90,7 +90,7 @@ def _xid_critical(window: Window, uuid: str, config: RuleConfig) -> Observation 
 
 
 def _recovery_action_required(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = _slow(window, uuid)
+    slow = slow_of(window, uuid)
     action = None if slow is None else slow.recovery.recovery_action
     if action is None:
         return None
@@ -109,7 +109,7 @@ def _recovery_action_required(window: Window, uuid: str, config: RuleConfig) -> 
 
 
 def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = _slow(window, uuid)
+    slow = slow_of(window, uuid)
     if slow is None:
         return None
     count = slow.ecc.ecc_errors.get(("uncorrected", "volatile"))
@@ -127,7 +127,7 @@ def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observa
 
 def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str, RuleConfig], Observation | None]:
     def evaluate(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-        slow = _slow(window, uuid)
+        slow = slow_of(window, uuid)
         flag = None if slow is None else getattr(slow.ecc, field)
         if flag is None:
             return None
@@ -167,7 +167,7 @@ def _sample_near(window: Window, uuid: str, when: float | None) -> FastSample | 
 
 
 def _pcie_link_degraded(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    state = _up_state(window, uuid)
+    state = up_state(window, uuid)
     slow = None if state is None else state.slow
     fast = window.fast(uuid)
     if state is None or slow is None or fast is None:
@@ -224,7 +224,7 @@ def _replays(history: History[SlowSample], lo: int) -> tuple[int, float, int]:
 
 
 def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = _slow(window, uuid)
+    slow = slow_of(window, uuid)
     if slow is None or slow.pcie.pcie_replays is None:
         return None
     lookback, per_minute = config["lookback_seconds"], config["min_per_minute"]

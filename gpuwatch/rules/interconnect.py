@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from gpuwatch.groups.fabric import Fabric
 from gpuwatch.model import Observation, SlowSample
 from gpuwatch.rules.base import History, Rule, RuleConfig, Window, needs
-from gpuwatch.rules.health import _slow, _up_state
+from gpuwatch.rules.health import slow_of, up_state
 from gpuwatch.rules.thermal import gpu_label
 
 # ---------------------------------------------------------------------------------- links
@@ -28,7 +28,7 @@ def _links_by_model(window: Window) -> dict[str, list[tuple[str, Mapping[str, bo
 
 
 def _nvlink_link_down(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    state = _up_state(window, uuid)
+    state = up_state(window, uuid)
     slow = None if state is None else state.slow
     if state is None or slow is None or not slow.nvlink.nvlink_up:
         return None
@@ -77,7 +77,7 @@ def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[
 
 
 def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = _slow(window, uuid)
+    slow = slow_of(window, uuid)
     if slow is None or not (slow.nvlink.nvlink_errors or slow.nvlink.nvlink_bit_error_rate):
         return None
     lookback = config["lookback_seconds"]
@@ -119,7 +119,7 @@ def _positive(limit: float) -> float:
 
 def _fabric(window: Window, uuid: str) -> Fabric | None:
     """The GPU's fabric reading, if it is answering and registers with a fabric."""
-    slow = _slow(window, uuid)
+    slow = slow_of(window, uuid)
     return None if slow is None or slow.fabric.fabric_state is None else slow.fabric
 
 
@@ -225,7 +225,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def _c2c_link_down(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = _slow(window, uuid)
+    slow = slow_of(window, uuid)
     if slow is None or not slow.c2c.c2c_up:
         return None
     c2c = slow.c2c

@@ -11,7 +11,7 @@ from gpuwatch import __version__
 from gpuwatch.errors import ReplayFormatError
 from gpuwatch.model import DriverInfo
 from gpuwatch.trace.codec import FLOAT, STR, bad, decode_driver, decode_float, describe
-from gpuwatch.trace.records import FORMAT, READABLE_VERSIONS, RECORD_TYPES, Record, _decode_record, _need
+from gpuwatch.trace.records import FORMAT, READABLE_VERSIONS, RECORD_TYPES, Record, decode_record, need
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +65,14 @@ def _decode_header(data: Any) -> TraceHeader:
     driver = None if data.get("driver") is None else decode_driver(data["driver"])
     intervals = {}
     for name in ("fast_interval", "slow_interval"):
-        value = _need(data, name, FLOAT)
+        value = need(data, name, FLOAT)
         if value <= 0:
             raise bad(name, "a positive number of seconds", value)
         intervals[name] = value
     return TraceHeader(
         version=version,
-        created=_need(data, "created", FLOAT),
-        backend=_need(data, "backend", STR),
+        created=need(data, "created", FLOAT),
+        backend=need(data, "backend", STR),
         driver=driver,
         **intervals,
     )
@@ -93,7 +93,7 @@ def _decode_line(data: Any, last_t: float) -> Record:
         raise bad("t", "seconds >= 0", data["t"])
     if t < last_t:
         raise ReplayFormatError(f"records are not in time order: t={t:g} after t={last_t:g}")
-    return _decode_record(data, t)
+    return decode_record(data, t)
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:

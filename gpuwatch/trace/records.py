@@ -93,7 +93,7 @@ Record = GpusRecord | FastRecord | SlowRecord | LostRecord | XidRecord | Backend
 RECORD_TYPES: tuple[str, ...] = ("gpus", "fast", "slow", "lost", "xid", "backend_down", "backend_up")
 
 
-def _need(data: Mapping[str, Any], name: str, codec: Codec) -> Any:
+def need(data: Mapping[str, Any], name: str, codec: Codec) -> Any:
     if data.get(name) is None:
         raise ReplayFormatError(f"missing field {name!r}")
     return codec.decode(data[name], name)
@@ -103,7 +103,7 @@ def _optional(data: Mapping[str, Any], name: str, codec: Codec) -> Any:
     return None if data.get(name) is None else codec.decode(data[name], name)
 
 
-def _decode_record(data: Mapping[str, Any], t: float) -> Record:
+def decode_record(data: Mapping[str, Any], t: float) -> Record:
     kind = data["type"]
     if kind == "gpus":
         gpus = data.get("gpus")
@@ -117,17 +117,17 @@ def _decode_record(data: Mapping[str, Any], t: float) -> Record:
                 raise ReplayFormatError(f"gpus[{i}]: {exc}") from None
         return GpusRecord(t, tuple(decoded))
     if kind == "fast":
-        return FastRecord(t, _need(data, "uuid", STR), decode_fast(data))
+        return FastRecord(t, need(data, "uuid", STR), decode_fast(data))
     if kind == "slow":
-        return SlowRecord(t, _need(data, "uuid", STR), decode_slow(data))
+        return SlowRecord(t, need(data, "uuid", STR), decode_slow(data))
     if kind == "lost":
         tier = _optional(data, "tier", STR)
-        return LostRecord(t, _need(data, "uuid", STR), tier, _optional(data, "message", STR))
+        return LostRecord(t, need(data, "uuid", STR), tier, _optional(data, "message", STR))
     if kind == "xid":
-        return XidRecord(t, _need(data, "uuid", STR), _need(data, "xid", INT), _optional(data, "timestamp", FLOAT))
+        return XidRecord(t, need(data, "uuid", STR), need(data, "xid", INT), _optional(data, "timestamp", FLOAT))
     if kind == "backend_down":
         return BackendDownRecord(
-            t, _need(data, "reason", STR), _optional(data, "message", STR) or "", _optional(data, "hint", STR) or ""
+            t, need(data, "reason", STR), _optional(data, "message", STR) or "", _optional(data, "hint", STR) or ""
         )
     if kind == "backend_up":
         if data.get("driver") is None:

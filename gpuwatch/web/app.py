@@ -48,21 +48,21 @@ class App:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "/")
         if method not in ("GET", "HEAD"):
-            return _reply(start_response, "405 Method Not Allowed", b"only GET and HEAD are allowed\n",
+            return reply(start_response, "405 Method Not Allowed", b"only GET and HEAD are allowed\n",
                           extra=[("Allow", "GET, HEAD")])
         if path == self._path:
             return self._metrics(environ, start_response, method)
         if path == "/healthz":
             ok, reason = self._snapshot().collecting(self._monotonic(), self._fast_bound)
-            return _reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n",
+            return reply(start_response, "200 OK" if ok else "503 Service Unavailable", reason.encode() + b"\n",
                           head=method == "HEAD")
         if path == STATUS_PATH:
             document = status_document(self._snapshot(), self._monotonic(), self._staleness)
             body = json.dumps(document, separators=(",", ":")).encode()
-            return _reply(start_response, "200 OK", body, "application/json", head=method == "HEAD")
+            return reply(start_response, "200 OK", body, "application/json", head=method == "HEAD")
         if path == "/":
-            return _reply(start_response, "200 OK", self._landing, "text/html; charset=utf-8", head=method == "HEAD")
-        return _reply(start_response, "404 Not Found", f"not found; metrics are at {self._path}\n".encode(),
+            return reply(start_response, "200 OK", self._landing, "text/html; charset=utf-8", head=method == "HEAD")
+        return reply(start_response, "404 Not Found", f"not found; metrics are at {self._path}\n".encode(),
                       head=method == "HEAD")
 
     def _metrics(self, environ: dict[str, Any], start_response: StartResponse, method: str) -> Iterable[bytes]:
@@ -70,10 +70,10 @@ class App:
         body, compressed = self._exposition.render(openmetrics=content_type.startswith("application/openmetrics-text"),
                                                    compress="gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""))
         extra = [("Content-Encoding", "gzip")] if compressed else []
-        return _reply(start_response, "200 OK", body, content_type, extra=extra, head=method == "HEAD")
+        return reply(start_response, "200 OK", body, content_type, extra=extra, head=method == "HEAD")
 
 
-def _reply(start_response: StartResponse, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8",
+def reply(start_response: StartResponse, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8",
            extra: list[tuple[str, str]] | None = None, head: bool = False) -> list[bytes]:
     headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))] + (extra or [])
     start_response(status, headers)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import bcrypt
 
-from gpuwatch.web.config import _BCRYPT_MAX, _DUMMY_HASH
+from gpuwatch.web.config import BCRYPT_MAX, DUMMY_HASH
 
 # -- basic auth ------------------------------------------------------------------------------------
 
@@ -33,7 +33,7 @@ class Authenticator:
             return None
         user, password = credentials
         hashed = users.get(user)
-        secret = password.encode("utf-8", "surrogateescape")[:_BCRYPT_MAX]
+        secret = password.encode("utf-8", "surrogateescape")[:BCRYPT_MAX]
         key = hashlib.sha256(b"\0".join([user.encode("utf-8", "surrogateescape"), (hashed or "").encode(),
                                          secret])).digest()
         if hashed is not None:
@@ -42,7 +42,7 @@ class Authenticator:
                     self._ok.move_to_end(key)
                     return user
         try:
-            ok = bcrypt.checkpw(secret, hashed.encode() if hashed is not None else _DUMMY_HASH)
+            ok = bcrypt.checkpw(secret, hashed.encode() if hashed is not None else DUMMY_HASH)
         except ValueError:
             ok = False
         if not ok or hashed is None:
@@ -75,4 +75,4 @@ def basic_header(user: str, password: str) -> str:
 
 def hash_password(password: str, cost: int = 10) -> str:
     """A bcrypt hash for basic_auth_users (what `htpasswd -nBC 10` writes, with the $2b$ prefix)."""
-    return bcrypt.hashpw(password.encode()[:_BCRYPT_MAX], bcrypt.gensalt(cost)).decode()
+    return bcrypt.hashpw(password.encode()[:BCRYPT_MAX], bcrypt.gensalt(cost)).decode()

@@ -109,8 +109,8 @@ _BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
 HASH_HINT = "write one with `htpasswd -nBC 10 \"\" | tr -d ':\\n'` or docs/security.md"
 # A valid bcrypt hash (cost 10) checked when the user name is unknown, so that the answer takes as
 # long as for a known user and user names cannot be found by timing (as the toolkit does).
-_DUMMY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
-_BCRYPT_MAX = 72  # bcrypt uses the first 72 bytes of a password (Go and htpasswd do the same)
+DUMMY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+BCRYPT_MAX = 72  # bcrypt uses the first 72 bytes of a password (Go and htpasswd do the same)
 
 
 @dataclass(frozen=True)

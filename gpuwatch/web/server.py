@@ -25,7 +25,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from gpuwatch import logs
 from gpuwatch.config import parse_listen_address
-from gpuwatch.web.app import StartResponse, WsgiApp, _reply
+from gpuwatch.web.app import StartResponse, WsgiApp, reply
 from gpuwatch.web.auth import Authenticator
 from gpuwatch.web.config import REALM, WebConfig, WebConfigSource
 
@@ -56,7 +56,7 @@ class Guard:
         if self._slots is not None and not self._slots.acquire(blocking=False):
             _log().debug("http_request_rejected", reason="max_requests", max_requests=self._max,
                          peer=environ.get("REMOTE_ADDR"), path=environ.get("PATH_INFO"))
-            return _reply(respond, "503 Service Unavailable",
+            return reply(respond, "503 Service Unavailable",
                           f"too many parallel requests (at most {self._max}, --web.max-requests); "
                           "try again later\n".encode(), extra=[("Retry-After", "1")], head=head)
         try:
@@ -65,7 +65,7 @@ class Guard:
                 if user is None:
                     _log().debug("http_unauthorized", peer=environ.get("REMOTE_ADDR"), path=environ.get("PATH_INFO"),
                                  credentials="HTTP_AUTHORIZATION" in environ)
-                    return _reply(respond, "401 Unauthorized", b"Unauthorized\n",
+                    return reply(respond, "401 Unauthorized", b"Unauthorized\n",
                                   extra=[("WWW-Authenticate", f'Basic realm="{REALM}"')], head=head)
                 environ["REMOTE_USER"] = user
             return self._app(environ, respond)

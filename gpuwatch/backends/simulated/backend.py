@@ -10,16 +10,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuwatch.backends.simulated.faults import FAULT_KINDS, Fault
-from gpuwatch.backends.simulated.physics import _fast_sample, _Gpu, _new_gpu, _slow_sample, _step
+from gpuwatch.backends.simulated.physics import SimGpu, fast_reading, new_gpu, slow_reading, step
 from gpuwatch.backends.simulated.profiles import (
-    _EVENT_POLL_SECONDS,
-    _HANG_POLL_SECONDS,
     DRIVER_INFO,
+    EVENT_POLL_SECONDS,
+    HANG_POLL_SECONDS,
     MAX_GPUS,
     PROFILES,
     STEP_SECONDS,
     Profile,
-    _unknown_profile,
+    unknown_profile,
 )
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
@@ -75,7 +75,7 @@ class SimulatedBackend:
         seed: int = 0,
     ) -> None:
         if profile not in PROFILES:
-            raise ValueError(_unknown_profile(profile))
+            raise ValueError(unknown_profile(profile))
         if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or not (
             1 <= gpu_count <= MAX_GPUS
         ):
@@ -111,7 +111,7 @@ class SimulatedBackend:
         self._open = False
         self._closed = threading.Event()
         self._t0: float | None = None
-        self._gpus: list[_Gpu] = []
+        self._gpus: list[SimGpu] = []
         self._events_until = -1.0  # XID onsets up to this elapsed time have been delivered
         self._blocked = 0  # reads waiting in a hang
 
@@ -138,7 +138,7 @@ class SimulatedBackend:
             if self._t0 is None:
                 self._t0 = self._clock.monotonic()
                 self._gpus = [
-                    _new_gpu(
+                    new_gpu(
                         ident.index,
                         ident.uuid,
                         self._profile,
@@ -170,12 +170,12 @@ class SimulatedBackend:
     def read_fast(self, uuid: str) -> FastSample:
         self._wait_out_hang()
         with self._lock:
-            return _fast_sample(self._current(uuid))
+            return fast_reading(self._current(uuid))
 
     def read_slow(self, uuid: str) -> SlowSample:
         self._wait_out_hang()
         with self._lock:
-            return _slow_sample(self._current(uuid))
+            return slow_reading(self._current(uuid))
 
     def read_host(self, gpus: Sequence[Any] = ()) -> HostSample:
         """The host groups of the simulated node: the Slurm jobs of the active ``job`` faults (their
@@ -231,7 +231,7 @@ class SimulatedBackend:
                 closed = self._closed
             if events or remaining <= 0.0:
                 return events
-            wait = min(remaining, _EVENT_POLL_SECONDS)
+            wait = min(remaining, EVENT_POLL_SECONDS)
             if closed.wait(wait):
                 return []
             remaining -= wait
@@ -275,7 +275,7 @@ class SimulatedBackend:
             self._blocked += 1
             closed = self._closed
         try:
-            while not closed.wait(_HANG_POLL_SECONDS):
+            while not closed.wait(HANG_POLL_SECONDS):
                 with self._lock:
                     if not self._open or not self._effect("hang"):
                         return
@@ -287,7 +287,7 @@ class SimulatedBackend:
         assert self._t0 is not None
         return max(0.0, self._clock.monotonic() - self._t0)
 
-    def _current(self, uuid: str) -> _Gpu:
+    def _current(self, uuid: str) -> SimGpu:
         self._check_open()
         index = self._index_by_uuid.get(uuid)
         if index is None:
@@ -296,7 +296,7 @@ class SimulatedBackend:
         target = math.floor(self._elapsed() / STEP_SECONDS + 1e-6)
         while g.step < target:
             g.step += 1
-            _step(g, g.step * STEP_SECONDS, STEP_SECONDS)
+            step(g, g.step * STEP_SECONDS, STEP_SECONDS)
         if g.lost:
             raise DeviceLost(uuid, f"simulated GPU {index} has fallen off the bus")
         if self._effect("unlisted", index):

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.backends.simulated.profiles import PROFILES, Profile, _unknown_profile
+from gpuwatch.backends.simulated.profiles import PROFILES, Profile, unknown_profile
 
 
 @dataclass(slots=True)
@@ -571,7 +571,7 @@ def demo_tour(
     if not isinstance(gpu_count, int) or gpu_count < 3:
         raise ValueError("the demo tour needs at least 3 GPUs")
     if profile not in PROFILES:
-        raise ValueError(_unknown_profile(profile))
+        raise ValueError(unknown_profile(profile))
     if gpu_count >= 8:
         fan_gpu, hot_gpu, lost_gpu = 2, 5, 7
     else:

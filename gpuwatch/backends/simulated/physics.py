@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpuwatch.backends.simulated.faults import FAULT_KINDS, Conditions, Fault, Health
-from gpuwatch.backends.simulated.profiles import _ALL_REASONS, _MIB, Profile, _fan_curve
+from gpuwatch.backends.simulated.profiles import ALL_REASONS, MIB, Profile, fan_curve
 from gpuwatch.groups import fast_sample, slow_sample
 from gpuwatch.groups.c2c import ERRORS as C2C_ERRORS
 from gpuwatch.groups.mig import MigInstance, MigReading
@@ -71,7 +71,7 @@ class _JobSchedule:
 
 
 @dataclass(slots=True)
-class _Gpu:
+class SimGpu:
     """The evolving state of one simulated GPU."""
 
     index: int
@@ -119,14 +119,14 @@ class _Gpu:
     )
 
 
-def _new_gpu(index: int, uuid: str, profile: Profile, faults: tuple[Fault, ...], seed: int) -> _Gpu:
+def new_gpu(index: int, uuid: str, profile: Profile, faults: tuple[Fault, ...], seed: int) -> SimGpu:
     rng = random.Random(_derive_seed(seed, index, "init"))
     ambient = profile.ambient_celsius + rng.uniform(-2.0, 3.0)
     idle_resistance = profile.resistance_fans_stopped
     if profile.fan_count:
-        speed = _fan_curve(ambient)
+        speed = fan_curve(ambient)
         idle_resistance -= (profile.resistance_fans_stopped - profile.resistance_fans_full) * speed
-    gpu = _Gpu(
+    gpu = SimGpu(
         index=index,
         uuid=uuid,
         profile=profile,
@@ -144,13 +144,13 @@ def _new_gpu(index: int, uuid: str, profile: Profile, faults: tuple[Fault, ...],
         ),
     )
     if profile.fan_count:
-        gpu.fan_target = gpu.fan_speed = _fan_curve(gpu.temperature)
-    _step(gpu, 0.0, 0.0)
+        gpu.fan_target = gpu.fan_speed = fan_curve(gpu.temperature)
+    step(gpu, 0.0, 0.0)
     gpu.step = 0
     return gpu
 
 
-def _step(g: _Gpu, t: float, dt: float) -> None:
+def step(g: SimGpu, t: float, dt: float) -> None:
     """Advance ``g`` to time ``t`` (seconds since open) over a step of ``dt`` seconds."""
     p = g.profile
     jitter_util, jitter_power = g.noise.uniform(-1.0, 1.0), g.noise.uniform(-1.0, 1.0)
@@ -217,7 +217,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     # fans and temperature
     resistance = p.resistance_fans_stopped
     if p.fan_count:
-        g.fan_target = _fan_curve(temp)
+        g.fan_target = fan_curve(temp)
         goal = 0.0 if c.fan_stalled else g.fan_target * c.fan_ratio
         tau = 1.0 if c.fan_stalled else p.fan_time_constant_seconds
         g.fan_speed += (goal - g.fan_speed) * (1.0 - math.exp(-dt / tau))
@@ -256,7 +256,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
     g.health.pcie_replays += c.replays_per_second * dt
     # SM activity trails "utilization" (a resident kernel) by how much of the GPU the job fills
     g.sm_active = min(1.0, util * factor * (0.55 + 0.35 * c.memory_intensity))
-    pcie = (0.2 + 20.0 * util) * _MIB * dt  # MiB/s: input batches in, results out
+    pcie = (0.2 + 20.0 * util) * MIB * dt  # MiB/s: input batches in, results out
     g.pcie_bytes["tx"] += pcie * 0.4
     g.pcie_bytes["rx"] += pcie
     g.nvlink_down, g.fabric_state, g.fabric_issues = c.nvlink_down, c.fabric_state or "completed", c.fabric_issues
@@ -272,7 +272,7 @@ def _step(g: _Gpu, t: float, dt: float) -> None:
         g.nvlink_bytes["rx"] += nvlink
 
 
-def _fast_sample(g: _Gpu) -> FastSample:
+def fast_reading(g: SimGpu) -> FastSample:
     p = g.profile
     temperature = float(round(g.temperature))  # NVML reports whole degrees
     fans: tuple[FanReading, ...] = ()
@@ -327,19 +327,19 @@ def _fast_sample(g: _Gpu) -> FastSample:
             "gpu": round(g.utilization * 100) / 100,
             "memory": round(g.memory_utilization * 100) / 100,
         },
-        memory_total_bytes=p.memory_total_mib * _MIB,
-        memory_used_bytes=used * _MIB,
-        memory_free_bytes=(p.memory_total_mib - p.memory_reserved_mib - used) * _MIB,
-        memory_reserved_bytes=p.memory_reserved_mib * _MIB,
+        memory_total_bytes=p.memory_total_mib * MIB,
+        memory_used_bytes=used * MIB,
+        memory_free_bytes=(p.memory_total_mib - p.memory_reserved_mib - used) * MIB,
+        memory_reserved_bytes=p.memory_reserved_mib * MIB,
         clock_hertz={name: mhz * 1e6 for name, mhz in clocks.items() if name != "video"},  # video: slow tier
-        clocks_event_active=decode_clocks_event_reasons(mask, _ALL_REASONS),
+        clocks_event_active=decode_clocks_event_reasons(mask, ALL_REASONS),
         clocks_event_seconds={r: g.event_seconds[r] for r in p.clocks_event_time_reasons},
         **(_gpm(g) if p.gpm and not p.mig_instances else {}),
         **({"mig": _mig_readings(g)} if p.mig_instances else {}),
     )
 
 
-def _mig_readings(g: _Gpu) -> tuple[MigReading, ...]:
+def _mig_readings(g: SimGpu) -> tuple[MigReading, ...]:
     """Each instance runs a share of the GPU's job (the same activity, memory in proportion to its
     size); an instance held idle (fault mig_idle_allocation) keeps 30 % of its memory and no SM work."""
     p = g.profile
@@ -351,11 +351,11 @@ def _mig_readings(g: _Gpu) -> tuple[MigReading, ...]:
         used = round(total_mib * (0.3 if idle else share))
         sm = 0.0 if idle else round(g.sm_active, 4)
         dram = 0.0 if idle else round(g.memory_utilization * 0.8, 4)
-        out.append(MigReading(gi, total_mib * _MIB, used * _MIB, sm, dram, round(sm * 0.6, 4)))
+        out.append(MigReading(gi, total_mib * MIB, used * MIB, sm, dram, round(sm * 0.6, 4)))
     return tuple(out)
 
 
-def _gpm(g: _Gpu) -> dict[str, object]:
+def _gpm(g: SimGpu) -> dict[str, object]:
     sm = g.sm_active
     return dict(  # the gpm group's default set (its detail option is the NVML backend's)
         sm_active_ratio=round(sm, 4),
@@ -365,7 +365,7 @@ def _gpm(g: _Gpu) -> dict[str, object]:
     )
 
 
-def _slow_sample(g: _Gpu) -> SlowSample:
+def slow_reading(g: SimGpu) -> SlowSample:
     p = g.profile
     absolute = {
         "shutdown": p.shutdown_celsius,
@@ -411,7 +411,7 @@ def _slow_sample(g: _Gpu) -> SlowSample:
     )
 
 
-def _c2c(g: _Gpu) -> dict[str, object]:
+def _c2c(g: SimGpu) -> dict[str, object]:
     """The C2C links (no errors: the simulated links are clean)."""
     links = range(g.profile.c2c_links)
     up = {str(link): link not in g.c2c_down for link in links}
@@ -421,14 +421,14 @@ def _c2c(g: _Gpu) -> dict[str, object]:
                 c2c_up_at_discovery={str(link): True for link in links})
 
 
-def _mig_instances(g: _Gpu) -> tuple[MigInstance, ...]:
+def _mig_instances(g: SimGpu) -> tuple[MigInstance, ...]:
     digest = hashlib.sha256(f"{g.uuid}/mig".encode()).hexdigest()
     return tuple(MigInstance(gi, 0, f"MIG-{digest[k * 8:k * 8 + 8]}-{digest[32:36]}-{digest[36:40]}-{digest[40:44]}-"
                                     f"{digest[44:56]}", profile)
                  for k, (gi, profile, _) in enumerate(g.profile.mig_instances))
 
 
-def _fabric(g: _Gpu) -> dict[str, object]:
+def _fabric(g: SimGpu) -> dict[str, object]:
     completed = g.fabric_state == "completed"
     health = {issue: issue in g.fabric_issues for issue in ("degraded_bandwidth", "route_recovery")}
     return dict(fabric_state=g.fabric_state, fabric_status="success" if completed else None, fabric_health=health,
@@ -441,7 +441,7 @@ _NVLINK5_KINDS = {"effective": "crc_flit", "symbol": "replay", "recovery_success
 _STORM_BER = 4e-12  # effective BER while effective errors accrue (DCGM fails a link above 1e-12)
 
 
-def _nvlink(g: _Gpu) -> dict[str, object]:
+def _nvlink(g: SimGpu) -> dict[str, object]:
     links = g.profile.nvlink_links
     errors = g.health.nvlink_errors
     if g.profile.nvlink_generation >= 5:

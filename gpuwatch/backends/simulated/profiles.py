@@ -21,12 +21,12 @@ DRIVER_INFO = DriverInfo(
     driver_version="590.48.01", nvml_version="13.590.48.01", cuda_driver_version="13.1"
 )
 MAX_GPUS = 256
-_MIB = 1024 * 1024
-_ALL_REASONS = sum(CLOCKS_EVENT_REASON_BITS.values())
+MIB = 1024 * 1024
+ALL_REASONS = sum(CLOCKS_EVENT_REASON_BITS.values())
 # Longest real-time slice of a wait_events wait, so that events coming due are seen promptly.
-_EVENT_POLL_SECONDS = 0.25
+EVENT_POLL_SECONDS = 0.25
 # Real-time re-check period of a read blocked by a "hang" fault.
-_HANG_POLL_SECONDS = 0.005
+HANG_POLL_SECONDS = 0.005
 
 
 
@@ -429,10 +429,10 @@ GB200 = dataclasses.replace(
 PROFILES: Mapping[str, Profile] = {p.key: p for p in (RTX6000, H200, T4, H100_MIG, B200, A100, RTX4090, GH200, GB200)}
 
 
-def _fan_curve(temperature: float) -> float:
+def fan_curve(temperature: float) -> float:
     """Target fan speed ratio: 30 % up to 40 °C, linear to 100 % at 85 °C."""
     return min(1.0, max(0.30, 0.30 + 0.70 * (temperature - 40.0) / 45.0))
 
 
-def _unknown_profile(profile: object) -> str:
+def unknown_profile(profile: object) -> str:
     return f"unknown simulated GPU profile {profile!r}; choose one of: {', '.join(PROFILES)}"

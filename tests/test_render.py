@@ -123,7 +123,7 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
 
     from gpuwatch import groups
     from gpuwatch.exporter import Exposition
-    from gpuwatch.exporter.collector import Renderer, _default_select, _gpu_core, _sort_key, build_labels
+    from gpuwatch.exporter.render import Renderer, _default_select, _gpu_core, _sort_key, build_labels
     from gpuwatch.groups import HostSample
     from gpuwatch.groups.jobs import JobUsage
     from gpuwatch.groups.kubernetes import PodAllocation
@@ -230,7 +230,7 @@ def test_value_spelling_is_prometheus_clients():
 
     from prometheus_client.utils import floatToGoString
 
-    from gpuwatch.exporter.collector import _value
+    from gpuwatch.exporter.render import _value
 
     rng = random.Random(7)
     values = [0.0, -0.0, 1.0, -1.0, 1e6, -1e6, 999999.5, 1e-7, 123456789.0, 1.5e16, float("inf"),

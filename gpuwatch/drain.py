@@ -27,14 +27,14 @@ import json
 import os
 import re
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuwatch import logs
+from gpuwatch import logs, scontrol
+from gpuwatch.scontrol import ScontrolError
 from gpuwatch.status import Verdict, verdict
 
 PREFIX = "gpuwatch:"
@@ -224,10 +224,6 @@ def decide(document_or_verdict: Mapping[str, Any] | Verdict | None, node: NodeSt
 # runner
 
 
-class ScontrolError(Exception):
-    pass
-
-
 @dataclasses.dataclass(frozen=True)
 class Memory:
     """What the state file keeps between runs."""
@@ -288,23 +284,16 @@ def save_memory(path: str, memory: Memory, node: str) -> None:
 def _scontrol(settings: Settings, args: list[str], deadline: float) -> str:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise ScontrolError(f"no time left for scontrol (budget {settings.timeout:g} s)")
-    argv = [settings.scontrol, *args]
+        raise ScontrolError(scontrol.TIMEOUT, f"no time left for scontrol (budget {settings.timeout:g} s)")
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=left, stdin=subprocess.DEVNULL,
-                                check=False)
-    except FileNotFoundError:
-        raise ScontrolError(f"{settings.scontrol} not found on PATH ({os.environ.get('PATH', os.defpath)}): "
-                            "set PATH in the HealthCheckProgram wrapper") from None
-    except subprocess.TimeoutExpired:
-        raise ScontrolError(f"`{' '.join(argv[:3])}` did not finish within the {settings.timeout:g} s "
-                            "allowed for scontrol (slurmctld not answering?)") from None
-    except OSError as exc:
-        raise ScontrolError(f"cannot run {settings.scontrol}: {exc.strerror or exc}") from None
-    if result.returncode != 0:
-        said = " ".join((result.stderr or result.stdout).split()) or "no message"
-        raise ScontrolError(f"`{' '.join(argv[:3])}` exited with {result.returncode}: {said}")
-    return result.stdout
+        return scontrol.run(settings.scontrol, args, left)
+    except ScontrolError as exc:
+        if exc.kind == scontrol.MISSING:
+            raise ScontrolError(exc.kind, f"{exc}: set PATH in the HealthCheckProgram wrapper") from None
+        if exc.kind == scontrol.TIMEOUT:
+            raise ScontrolError(exc.kind, f"`{' '.join([settings.scontrol, *args][:3])}` did not finish within the "
+                                f"{settings.timeout:g} s allowed for scontrol (slurmctld not answering?)") from None
+        raise
 
 
 def read_node(settings: Settings, deadline: float) -> NodeState:
@@ -312,7 +301,7 @@ def read_node(settings: Settings, deadline: float) -> NodeState:
     try:
         return parse_show_node(text)
     except ValueError as exc:
-        raise ScontrolError(f"cannot parse `scontrol show node {settings.node}`: {exc}") from None
+        raise ScontrolError(scontrol.EXITED, f"cannot parse `scontrol show node {settings.node}`: {exc}") from None
 
 
 def update_args(action: Action, node: str) -> list[str]:

@@ -10,7 +10,7 @@ anomalies, the collectors' own figures) are small and encoded each time.
 Readings older than the staleness bound are dropped (``gpuwatch_last_poll_timestamp_seconds``
 still says when data was last fresh); unsupported readings are absent, never 0 or NaN. Output is
 sorted by family, then by the label values in the family's label order (numbers numerically), and
-is byte for byte what prometheus_client's encoders make of the same samples (tests/test_collector.py).
+is byte for byte what prometheus_client's encoders make of the same samples (tests/test_render.py).
 """
 
 from __future__ import annotations

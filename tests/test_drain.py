@@ -1,4 +1,4 @@
-"""Slurm draining (`gpuwatch check --drain --resume`, gpuwatch/slurm.py, docs/slurm.md).
+"""Slurm draining (`gpuwatch check --drain --resume`, gpuwatch/drain.py, docs/slurm.md).
 
 The decision table is tested as a pure function; the runner against tests/fakes/scontrol (put first on
 PATH; it records its argv and keeps node states in a JSON file), and end to end against the real
@@ -20,8 +20,8 @@ import pytest
 from daemon import Daemon, fake_env, wait_for
 from structlog.testing import capture_logs
 
-from gpuwatch import slurm
-from gpuwatch.slurm import Action, NodeState, Settings, decide
+from gpuwatch import drain
+from gpuwatch.drain import Action, NodeState, Settings, decide
 from gpuwatch.status import verdict
 
 FAKES = Path(__file__).resolve().parent / "fakes"
@@ -95,13 +95,13 @@ def test_healthy_for_less_than_resume_after_does_nothing():
     assert (action.action, action.decision) == ("none", "healthy_too_short")
     # the node's state is not even needed for that answer
     assert decide(HEALTHY, None, T0 - 599, None, T0, SETTINGS).decision == "healthy_too_short"
-    assert slurm.intended(verdict(HEALTHY), T0 - 599, T0, SETTINGS) == "none"
+    assert drain.intended(verdict(HEALTHY), T0 - 599, T0, SETTINGS) == "none"
 
 
 def test_healthy_for_resume_after_resumes_a_node_gpuwatch_drained():
     action = decide(HEALTHY, OURS, T0 - 600, None, T0, SETTINGS)
     assert (action.action, action.reason) == ("resume", OURS.reason)
-    assert slurm.intended(verdict(HEALTHY), T0 - 600, T0, SETTINGS) == "resume"
+    assert drain.intended(verdict(HEALTHY), T0 - 600, T0, SETTINGS) == "resume"
 
 
 def test_warnings_count_as_healthy():
@@ -133,8 +133,8 @@ def test_cannot_tell_never_drains_nor_resumes(doc):
     for node in (IDLE, OURS, OPERATOR):
         action = decide(doc, node, T0 - 86400, None, T0, SETTINGS)
         assert (action.action, action.decision) == ("none", "cannot_tell")
-    assert slurm.intended(v, T0 - 86400, T0, SETTINGS) == "none"
-    assert slurm.next_healthy_since(v, T0 - 86400, T0) is None  # a gap in knowledge restarts the healthy clock
+    assert drain.intended(v, T0 - 86400, T0, SETTINGS) == "none"
+    assert drain.next_healthy_since(v, T0 - 86400, T0) is None  # a gap in knowledge restarts the healthy clock
 
 
 def test_rate_limit_holds_back_a_second_action_within_min_interval():
@@ -164,11 +164,11 @@ def test_decide_needs_the_node_state_when_an_action_is_possible():
 
 def test_healthy_since_starts_at_the_first_healthy_check_and_is_forgotten_otherwise():
     ok, critical, unknown = verdict(HEALTHY), verdict(CRITICAL), verdict(None)
-    assert slurm.next_healthy_since(ok, None, T0) == T0
-    assert slurm.next_healthy_since(ok, T0 - 50, T0) == T0 - 50
-    assert slurm.next_healthy_since(ok, T0 + 50, T0) == T0  # the clock went back
-    assert slurm.next_healthy_since(critical, T0 - 50, T0) is None
-    assert slurm.next_healthy_since(unknown, T0 - 50, T0) is None
+    assert drain.next_healthy_since(ok, None, T0) == T0
+    assert drain.next_healthy_since(ok, T0 - 50, T0) == T0 - 50
+    assert drain.next_healthy_since(ok, T0 + 50, T0) == T0  # the clock went back
+    assert drain.next_healthy_since(critical, T0 - 50, T0) is None
+    assert drain.next_healthy_since(unknown, T0 - 50, T0) is None
 
 
 def test_verdict_agrees_with_the_documented_exit_codes():
@@ -186,22 +186,22 @@ def test_the_reason_names_the_first_critical_anomaly_and_counts_the_others():
     doc = document(anomaly("xid_critical", "3", summary="GPU 3 XID 79 (fell off the bus) 0 min ago, 1 since start"),
                    anomaly("gpu_lost", "3", summary="GPU 3 (GPU-3) not answering"),
                    anomaly("pcie_link_degraded", "2", severity="warning"))
-    assert slurm.drain_reason(list(verdict(doc).critical)) == "gpuwatch: GPU 3 xid_critical: XID 79 (fell off the bus) 0 min ago, " \
+    assert drain.drain_reason(list(verdict(doc).critical)) == "gpuwatch: GPU 3 xid_critical: XID 79 (fell off the bus) 0 min ago, " \
                                         "1 since start (+1 more)"
     node_level = document(anomaly("gpu_missing", None, summary="3 GPUs visible, 4 expected"))
-    assert slurm.drain_reason(list(verdict(node_level).critical)) == "gpuwatch: gpu_missing: 3 GPUs visible, 4 expected"
+    assert drain.drain_reason(list(verdict(node_level).critical)) == "gpuwatch: gpu_missing: 3 GPUs visible, 4 expected"
 
 
 def test_the_reason_is_truncated_and_has_nothing_that_breaks_scontrol():
     hostile = 'GPU 1 at 91 °C "quoted" \'single\' [bracket] $(rm -rf /) `x` \\ ; a|b & c\nsecond line\ttab ' * 5
     doc = document(anomaly("overheating", "1", summary=hostile), anomaly("fan_stalled", "1"))
-    reason = slurm.drain_reason(list(verdict(doc).critical))
+    reason = drain.drain_reason(list(verdict(doc).critical))
     assert reason.startswith("gpuwatch: GPU 1 overheating: at 91 C quoted single bracket")
     assert reason.endswith("... (+1 more)")
-    assert len(reason) <= slurm.REASON_MAX
+    assert len(reason) <= drain.REASON_MAX
     assert not set(reason) & set("\"'`[]\\|&$\n\t°{}")
     assert "  " not in reason
-    assert slurm.drain_reason([anomaly(summary="x" * 1000)], limit=60).__len__() == 60
+    assert drain.drain_reason([anomaly(summary="x" * 1000)], limit=60).__len__() == 60
 
 
 def test_show_node_output_is_parsed_with_and_without_a_reason():
@@ -209,32 +209,32 @@ def test_show_node_output_is_parsed_with_and_without_a_reason():
             "   State=MIXED+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A\n"
             "   Partitions=gpu\n"
             "   Reason=gpuwatch: GPU 3 xid_critical: XID 79 [slot 3] [root@2026-11-30T15:00:00]\n")
-    node = slurm.parse_show_node(text)
+    node = drain.parse_show_node(text)
     assert node == NodeState("MIXED+DRAIN", "gpuwatch: GPU 3 xid_critical: XID 79 [slot 3]")
     assert node.drained and node.ours and not node.offline
-    bare = slurm.parse_show_node("NodeName=gpu01\n   State=IDLE ThreadsPerCore=1\n   Partitions=gpu\n")
+    bare = drain.parse_show_node("NodeName=gpu01\n   State=IDLE ThreadsPerCore=1\n   Partitions=gpu\n")
     assert bare == NodeState("IDLE", "") and not bare.drained
     with pytest.raises(ValueError):
-        slurm.parse_show_node("Node gpu01 not found\n")
+        drain.parse_show_node("Node gpu01 not found\n")
 
 
 def test_update_commands_are_argv_lists():
-    drain = Action("drain", "drain", "gpuwatch: GPU 1 ecc_uncorrectable: 2 errors")
-    assert slurm.update_args(drain, NODE) == ["update", "NodeName=gpu01", "State=DRAIN",
+    action = Action("drain", "drain", "gpuwatch: GPU 1 ecc_uncorrectable: 2 errors")
+    assert drain.update_args(action, NODE) == ["update", "NodeName=gpu01", "State=DRAIN",
                                               "Reason=gpuwatch: GPU 1 ecc_uncorrectable: 2 errors"]
-    assert slurm.update_args(Action("resume", "resume", OURS.reason), NODE) == [
+    assert drain.update_args(Action("resume", "resume", OURS.reason), NODE) == [
         "update", "NodeName=gpu01", "State=RESUME"]
 
 
 def test_parse_seconds_accepts_durations_and_zero():
-    assert slurm.parse_seconds("--resume-after", "10m") == 600
-    assert slurm.parse_seconds("--min-interval", "0") == 0
-    assert slurm.parse_seconds("--min-interval", "90") == 90
+    assert drain.parse_seconds("--resume-after", "10m") == 600
+    assert drain.parse_seconds("--min-interval", "0") == 0
+    assert drain.parse_seconds("--min-interval", "90") == 90
 
 
 def test_default_node_name_is_the_short_host_name(monkeypatch):
-    monkeypatch.setattr(slurm.socket, "gethostname", lambda: "gpu07.cluster.example.org")
-    assert slurm.default_node_name() == "gpu07"
+    monkeypatch.setattr(drain.socket, "gethostname", lambda: "gpu07.cluster.example.org")
+    assert drain.default_node_name() == "gpu07"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +293,7 @@ def memory(tmp_path) -> dict:
 
 def test_critical_drains_through_scontrol_and_logs_it(tmp_path, fake):
     with capture_logs() as events:
-        outcome = slurm.enforce(CRITICAL, settings(tmp_path), now=T0)
+        outcome = drain.enforce(CRITICAL, settings(tmp_path), now=T0)
     reason = "gpuwatch: GPU 1 ecc_uncorrectable: 2 uncorrectable ECC errors since the last driver load or GPU reset"
     assert fake.calls() == [["show", "node", NODE],
                             ["update", f"NodeName={NODE}", "State=DRAIN", f"Reason={reason}"]]
@@ -309,7 +309,7 @@ def test_critical_drains_through_scontrol_and_logs_it(tmp_path, fake):
 
     # the next run sees its own drain and leaves it (a debug event says so)
     with capture_logs() as events:
-        again = slurm.enforce(CRITICAL, settings(tmp_path), now=T0 + 300)
+        again = drain.enforce(CRITICAL, settings(tmp_path), now=T0 + 300)
     assert len(fake.updates()) == 1 and not again.performed and again.lines == ()
     [quiet] = [e for e in events if e["event"] == "slurm_no_action"]
     assert (quiet["log_level"], quiet["decision"], quiet["action"], quiet["reason"]) == (
@@ -318,7 +318,7 @@ def test_critical_drains_through_scontrol_and_logs_it(tmp_path, fake):
 
 def test_dry_run_reads_the_node_but_never_updates_it(tmp_path, fake):
     with capture_logs() as events:
-        outcome = slurm.enforce(CRITICAL, settings(tmp_path, dry_run=True), now=T0)
+        outcome = drain.enforce(CRITICAL, settings(tmp_path, dry_run=True), now=T0)
     assert fake.calls() == [["show", "node", NODE]]
     assert fake.node() == {"state": "IDLE", "reason": ""}
     assert not outcome.performed and outcome.action.action == "drain"
@@ -328,24 +328,24 @@ def test_dry_run_reads_the_node_but_never_updates_it(tmp_path, fake):
     assert not (tmp_path / "state" / "check-state.json").exists()  # nothing was done, nothing to remember
 
     fake.set_node("IDLE+DRAIN", OURS.reason)
-    slurm.enforce(HEALTHY, settings(tmp_path, dry_run=True), now=T0)
+    drain.enforce(HEALTHY, settings(tmp_path, dry_run=True), now=T0)
     assert memory(tmp_path)["healthy_since"] == T0  # observations are kept, so a dry run shows a resume too
-    out = slurm.enforce(HEALTHY, settings(tmp_path, dry_run=True), now=T0 + 600)
+    out = drain.enforce(HEALTHY, settings(tmp_path, dry_run=True), now=T0 + 600)
     assert out.lines == (f"gpuwatch: DRY RUN: would resume node {NODE} (Reason={OURS.reason})",)
     assert fake.updates() == [] and memory(tmp_path)["last_action"] is None
 
 
 def test_a_full_cycle_drain_then_resume_after_the_healthy_time(tmp_path, fake):
     s = settings(tmp_path)
-    slurm.enforce(CRITICAL, s, now=T0)
+    drain.enforce(CRITICAL, s, now=T0)
     assert fake.node()["state"] == "IDLE+DRAIN"
     for t in (T0 + 300, T0 + 600, T0 + 899):  # healthy from T0 + 300 on; not yet 600 s
-        out = slurm.enforce(HEALTHY, s, now=t)
+        out = drain.enforce(HEALTHY, s, now=t)
         assert out.action.decision == "healthy_too_short" and out.lines == ()
     assert memory(tmp_path)["healthy_since"] == T0 + 300
     assert fake.calls()[2:] == []  # while too short, Slurm is not even asked
     with capture_logs() as events:
-        out = slurm.enforce(HEALTHY, s, now=T0 + 900)
+        out = drain.enforce(HEALTHY, s, now=T0 + 900)
     assert out.performed and fake.updates()[-1] == ["update", f"NodeName={NODE}", "State=RESUME"]
     assert fake.node() == {"state": "IDLE", "reason": "", "reason_user": "root"}
     assert out.lines[0].startswith(f"gpuwatch: resumed node {NODE} (Reason=gpuwatch: GPU 1 ecc_uncorrectable")
@@ -358,41 +358,41 @@ def test_a_full_cycle_drain_then_resume_after_the_healthy_time(tmp_path, fake):
 def test_a_critical_check_in_between_restarts_the_healthy_time(tmp_path, fake):
     s = settings(tmp_path)
     fake.set_node("IDLE+DRAIN", OURS.reason)
-    slurm.enforce(HEALTHY, s, now=T0)
-    slurm.enforce(CRITICAL, s, now=T0 + 300)
-    slurm.enforce(HEALTHY, s, now=T0 + 600)
-    assert slurm.enforce(HEALTHY, s, now=T0 + 900).action.decision == "healthy_too_short"
-    assert slurm.enforce(HEALTHY, s, now=T0 + 1200).performed
+    drain.enforce(HEALTHY, s, now=T0)
+    drain.enforce(CRITICAL, s, now=T0 + 300)
+    drain.enforce(HEALTHY, s, now=T0 + 600)
+    assert drain.enforce(HEALTHY, s, now=T0 + 900).action.decision == "healthy_too_short"
+    assert drain.enforce(HEALTHY, s, now=T0 + 1200).performed
 
 
 def test_an_operators_drain_is_never_touched(tmp_path, fake):
     fake.set_node("MIXED+DRAIN", OPERATOR.reason, user="alice")
     s = settings(tmp_path)
-    assert slurm.enforce(CRITICAL, s, now=T0).action.decision == "already_drained_by_other"
+    assert drain.enforce(CRITICAL, s, now=T0).action.decision == "already_drained_by_other"
     for t in range(0, 7200, 300):
-        assert slurm.enforce(HEALTHY, s, now=T0 + 300 + t).action.action == "none"
+        assert drain.enforce(HEALTHY, s, now=T0 + 300 + t).action.action == "none"
     assert fake.updates() == []
     assert fake.node()["reason"] == OPERATOR.reason
 
 
 def test_the_rate_limit_survives_between_runs(tmp_path, fake):
     s = settings(tmp_path)
-    slurm.enforce(CRITICAL, s, now=T0)
+    drain.enforce(CRITICAL, s, now=T0)
     fake.set_node("IDLE")  # an operator resumed it by hand, the GPU is still bad
     with capture_logs() as events:
-        out = slurm.enforce(CRITICAL, s, now=T0 + 60)
+        out = drain.enforce(CRITICAL, s, now=T0 + 60)
     assert out.action.decision == "rate_limited" and len(fake.updates()) == 1
     assert out.lines == (f"gpuwatch: WARNING: node {NODE}: would drain, but the last action was 60 s ago "
                          "(--min-interval 300 s)",)
     [event] = [e for e in events if e["event"] == "slurm_no_action"]
     assert event["log_level"] == "warning" and event["decision"] == "rate_limited"
-    assert slurm.enforce(CRITICAL, s, now=T0 + 300).performed and len(fake.updates()) == 2
+    assert drain.enforce(CRITICAL, s, now=T0 + 300).performed and len(fake.updates()) == 2
 
 
 def test_cannot_tell_asks_slurm_nothing(tmp_path, fake):
     fake.set_node("IDLE+DRAIN", OURS.reason)
     for doc in (None, document(anomaly(), up=False), document(anomaly(), fresh=False)):
-        out = slurm.enforce(doc, settings(tmp_path), now=T0 + 86400)
+        out = drain.enforce(doc, settings(tmp_path), now=T0 + 86400)
         assert out.verdict.exit_code == 2 and out.action.decision == "cannot_tell" and out.lines == ()
     assert fake.calls() == []
 
@@ -400,7 +400,7 @@ def test_cannot_tell_asks_slurm_nothing(tmp_path, fake):
 def test_scontrol_failures_are_an_error_line_and_leave_the_verdict(tmp_path, fake):
     fake.set("fail", {"update": [1, "slurm_update error: Invalid user id"]})
     with capture_logs() as events:
-        out = slurm.enforce(CRITICAL, settings(tmp_path), now=T0)
+        out = drain.enforce(CRITICAL, settings(tmp_path), now=T0)
     assert not out.performed and out.verdict.exit_code == 1
     assert out.lines == (f"gpuwatch: ERROR: cannot drain node {NODE}: `scontrol update NodeName={NODE}` exited "
                          "with 1: slurm_update error: Invalid user id",)
@@ -409,14 +409,14 @@ def test_scontrol_failures_are_an_error_line_and_leave_the_verdict(tmp_path, fak
     assert memory(tmp_path)["last_action"] == T0  # an attempt counts for the rate limit
 
     fake.set("fail", {"show": [1, f"Node {NODE} not found"]})
-    out = slurm.enforce(CRITICAL, settings(tmp_path), now=T0 + 600)
+    out = drain.enforce(CRITICAL, settings(tmp_path), now=T0 + 600)
     assert out.lines == (f"gpuwatch: ERROR: cannot read the Slurm state of node {NODE}: `scontrol show node` "
                          f"exited with 1: Node {NODE} not found",)
 
 
 def test_a_hanging_scontrol_is_cut_off_within_the_budget(tmp_path, fake):
     fake.set("sleep", {"show": 30})
-    out = slurm.enforce(CRITICAL, settings(tmp_path, timeout=0.5), now=T0)
+    out = drain.enforce(CRITICAL, settings(tmp_path, timeout=0.5), now=T0)
     assert out.lines == (f"gpuwatch: ERROR: cannot read the Slurm state of node {NODE}: `scontrol show node` "
                          "did not finish within the 0.5 s allowed for scontrol (slurmctld not answering?)",)
     assert out.verdict.exit_code == 1 and not out.performed
@@ -424,14 +424,14 @@ def test_a_hanging_scontrol_is_cut_off_within_the_budget(tmp_path, fake):
 
 def test_scontrol_missing_from_path(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    out = slurm.enforce(CRITICAL, settings(tmp_path), now=T0)
+    out = drain.enforce(CRITICAL, settings(tmp_path), now=T0)
     assert "scontrol not found on PATH" in out.lines[0] and "wrapper" in out.lines[0]
 
 
 def test_an_unwritable_state_file_is_a_clear_warning_and_drain_still_works(tmp_path, fake):
     (tmp_path / "file").write_text("not a directory")
     s = settings(tmp_path, state_file=str(tmp_path / "file" / "check-state.json"))
-    out = slurm.enforce(CRITICAL, s, now=T0)
+    out = drain.enforce(CRITICAL, s, now=T0)
     assert out.performed
     assert out.lines[-1].startswith(f"gpuwatch: WARNING: cannot write the state file {s.state_file}: ")
     assert "--state-file" in out.lines[-1]
@@ -441,7 +441,7 @@ def test_a_corrupt_state_file_is_a_fresh_start(tmp_path, fake):
     path = tmp_path / "state" / "check-state.json"
     path.parent.mkdir()
     path.write_text("{not json")
-    out = slurm.enforce(HEALTHY, settings(tmp_path), now=T0)
+    out = drain.enforce(HEALTHY, settings(tmp_path), now=T0)
     assert out.lines[0].startswith(f"gpuwatch: WARNING: cannot read the state file {path}")
     assert memory(tmp_path)["healthy_since"] == T0 and memory(tmp_path)["version"] == 1
     assert [p.name for p in path.parent.iterdir()] == ["check-state.json"]  # no temporary file left
@@ -449,7 +449,7 @@ def test_a_corrupt_state_file_is_a_fresh_start(tmp_path, fake):
 
 def test_hostile_summaries_reach_scontrol_as_one_clean_argument(tmp_path, fake):
     doc = document(anomaly("xid_critical", "0", summary='GPU 0 "; scontrol delete" Reason=x\nState=DOWN [a@b]'))
-    slurm.enforce(doc, settings(tmp_path), now=T0)
+    drain.enforce(doc, settings(tmp_path), now=T0)
     [update] = fake.updates()
     assert update[:3] == ["update", f"NodeName={NODE}", "State=DRAIN"] and len(update) == 4
     assert update[3] == "Reason=gpuwatch: GPU 0 xid_critical: ; scontrol delete Reason=x State=DOWN a@b"
@@ -479,13 +479,13 @@ def test_a_real_daemon_with_an_ecc_fault_drains_the_node(tmp_path, fake):
     s = settings(tmp_path)
     try:
         d.wait_value("gpuwatch_poll_success", 1, tier="slow")
-        healthy = slurm.enforce(fetch_status(d), s)
+        healthy = drain.enforce(fetch_status(d), s)
         assert healthy.verdict.exit_code == 0 == check_exit_code(address, env)
         assert fake.calls() == []  # healthy, nothing drained: Slurm is not asked
         node.gpus[1].ecc_errors = {(0, 0): 0, (1, 0): 2, (0, 1): 0, (1, 1): 2}
         fx.write(node)
         status = wait_for(lambda: (doc := fetch_status(d))["status"] == "critical" and doc, what="critical status")
-        out = slurm.enforce(status, s)
+        out = drain.enforce(status, s)
         assert out.verdict.exit_code == 1 == check_exit_code(address, env)
     finally:
         d.stop()
@@ -505,11 +505,11 @@ def test_a_daemon_with_its_backend_down_or_gone_drains_nothing(tmp_path, fake):
     address = d.base.removeprefix("http://")
     try:
         doc = fetch_status(d)
-        out = slurm.enforce(doc, settings(tmp_path))
+        out = drain.enforce(doc, settings(tmp_path))
         assert out.verdict.status == "unknown" and out.verdict.exit_code == 2 == check_exit_code(address, env)
     finally:
         d.stop()
-    out = slurm.enforce(None, settings(tmp_path))  # the daemon is gone: nothing could be read
+    out = drain.enforce(None, settings(tmp_path))  # the daemon is gone: nothing could be read
     assert out.verdict.exit_code == 2 == check_exit_code(address, env)
     assert fake.calls() == []
 

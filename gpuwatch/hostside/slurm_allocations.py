@@ -10,20 +10,20 @@ one per job). Each kind of failure is logged once and counted, until scontrol an
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket
-import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpuwatch import scontrol
 from gpuwatch.attribution import user_name
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
 from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuState
+from gpuwatch.scontrol import ScontrolError
 
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^(,]*)*\(IDX:([0-9,\-]+)\)")
 _MIG_TYPE = re.compile(r":\d+g\.\d+gb", re.IGNORECASE)  # gpu:1g.10gb:2(IDX:0-1): MIG devices, not GPUs
@@ -154,29 +154,25 @@ class Scontrol:
         path = self._resolve()
         if path is None or self._monotonic() < self._resume_at:
             return None
-        env = dict(os.environ, LC_ALL="C")
         try:
-            done = subprocess.run([path, "show", "job", "--details", "--oneliner", job_id], capture_output=True,
-                                  timeout=self._timeout, env=env, stdin=subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired:
-            self.fail("scontrol_timeout", f"scontrol show job {job_id} took more than {self._timeout:g} s",
-                       "slurmctld is slow or unreachable; gpuwatch asks again after the backoff")
-            return None
-        except OSError as exc:
-            self._path = None
-            self.fail("scontrol_failed", f"cannot run {path}: {exc}", "check --collector.slurm.scontrol")
-            return None
-        if done.returncode != 0:
-            message = done.stderr.decode(errors="replace").strip()[:200]
-            if "Invalid job id" in message:  # the job ended between the scan and the call: not a failure
-                return ""
-            self.fail("scontrol_failed", f"scontrol show job {job_id} exited with {done.returncode}: {message}",
-                       "check that this node may talk to slurmctld (scontrol ping)")
+            answer = scontrol.run(path, ["show", "job", "--details", "--oneliner", job_id], self._timeout)
+        except ScontrolError as exc:
+            if exc.kind == scontrol.TIMEOUT:
+                self.fail("scontrol_timeout", f"scontrol show job {job_id} took more than {self._timeout:g} s",
+                          "slurmctld is slow or unreachable; gpuwatch asks again after the backoff")
+            elif exc.kind == scontrol.EXITED:
+                if "Invalid job id" in exc.said:  # the job ended between the scan and the call: not a failure
+                    return ""
+                self.fail("scontrol_failed", f"scontrol show job {job_id} exited with {exc.code}: {exc.said}",
+                          "check that this node may talk to slurmctld (scontrol ping)")
+            else:
+                self._path = None
+                self.fail("scontrol_failed", str(exc), "check --collector.slurm.scontrol")
             return None
         if self._failing is not None:
             self._log.info("scontrol_recovered", failed=self._failing)
             self._failing = None
-        return done.stdout.decode(errors="replace")
+        return answer
 
     def note(self, error: str, message: str, hint: str) -> None:
         """A problem with one answer, not with scontrol: counted, logged once per kind, no backoff."""
