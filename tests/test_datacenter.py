@@ -43,9 +43,11 @@ def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
     for pipe, ratio in pipes.items():
         assert d.value("gpuwatch_pipe_active_ratio", **labels(node, 0, pipe=pipe)) == pytest.approx(ratio), pipe
     assert d.value("gpuwatch_sm_active_ratio", **labels(node, 1)) == 0  # idle, not absent
-    # PCIe bytes integrated from the rates: rx at twice tx's rate over the same intervals, growing
-    tx = d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx"))
-    rx = d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="rx"))
+    # PCIe bytes integrated from the rates: rx at twice tx's rate over the same intervals (one scrape: a poll
+    # between two would add to one of them only), growing
+    scraped = d.metrics()
+    tx, rx = (scraped[("gpuwatch_pcie_traffic_bytes_total", tuple(sorted(labels(node, 0, direction=way).items())))]
+              for way in ("tx", "rx"))
     assert tx > 0 and rx == pytest.approx(2 * tx, rel=1e-9)
     wait_for(lambda: d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx")) > tx,
              what="the PCIe counter to grow")

@@ -11,7 +11,7 @@ fans, power, clocks, ... — and its module says everything about it:
   metric families it exports, with type, labels and help: unit, NVML source, nvidia-smi name);
 - how it probes and reads NVML (``nvml``): a class built once per GPU at discovery from a
   ``Device`` (the funnel's probing side), whose ``read_fast``/``read_slow`` take a ``Query`` (the
-  funnel's polling side). Only gpuwatch/backends/nvml.py implements them and imports pynvml; a group
+  funnel's polling side). Only gpuwatch/backends/nvml/ implements them and imports pynvml; a group
   names NVML functions by their C name and gets opaque prepared calls back;
 - how its readings render (``render``): a pure function of its fast and slow reading (each None
   when stale or absent) that emits samples. It never sees a GpuState or a clock.
@@ -97,9 +97,11 @@ class Device(Protocol):
     def call(self, function: str, *args: Any) -> Call:
         """The NVML function ``function`` (its C name, e.g. "nvmlDeviceGetTemperatureV") with the
         handle first and ``args`` after, prepared; a few names are the funnel's own versioned
-        wrappers (see backends/nvml.py), and two keep state between polls: "nvmlGpmMetricsGet"
-        (metric ids: the GPU's GPM sample pair) and "gpuwatch.mig" (metric ids: the MIG devices,
-        whose ``instances`` and ``readings`` are prepared calls)."""
+        wrappers (see backends/nvml/calls.py), and three keep state between polls, each in its module of
+        backends/nvml/: "nvmlGpmMetricsGet" (metric ids: the GPU's GPM sample pair), "gpuwatch.mig" (metric
+        ids: the MIG devices, whose ``instances`` and ``readings`` are prepared calls and ``on_event`` the
+        handler of a reconfiguration) and "nvmlDeviceGetGpuFabricInfoV" (the structure version the driver
+        takes)."""
         ...
 
     def probe(self, call: Call) -> Any:
@@ -131,6 +133,13 @@ class Device(Protocol):
         """``has_field`` (or answered by ``values``), and if so the key is read in ``tier``'s
         ("fast" or "slow") one batched field-values call of every poll from now on
         (``Query.field`` hands it out, by the same key)."""
+        ...
+
+    def events(self, mask: int, refused: str | None = None, handler: Any = None) -> None:
+        """Register this GPU for the NVML events of ``mask`` (nvmlDeviceRegisterEvents, one event set for the node).
+        Without a ``handler`` the events come out of the backend's ``wait_events`` (XidEvent: the event's data);
+        with one (a stateful call's ``on_event``) it is called with the GPU's uuid on the events thread. A
+        registration the GPU refuses is dropped, and turns the feature ``refused`` (if named) off."""
         ...
 
     def option(self, name: str) -> Any:

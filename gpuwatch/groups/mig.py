@@ -46,6 +46,9 @@ class MigReading:
     tensor_active_ratio: float | None = None
 
 
+MIG_CONFIG_CHANGE = 0x100  # nvmlEventMigConfigChange: an instance was created or destroyed
+
+
 class Nvml:
     def __init__(self, dev: Device) -> None:
         transient = False
@@ -61,6 +64,7 @@ class Nvml:
             if devices is not None and dev.supported(devices.instances):
                 dev.supported(devices.readings)
                 self.devices = devices
+                dev.events(MIG_CONFIG_CHANGE, handler=devices.on_event)  # enumerated again at once
         # MIG enabled but its devices cannot be enumerated: 0; MIG off or not a MIG GPU: nothing
         enabled = (mode is not None and int(mode[0]) == 1) or transient
         dev.feature("mig", True if self.devices is not None else (False if enabled else None))

@@ -136,6 +136,8 @@ class Nvml:
         except Unsupported:
             self.supported = False
         dev.feature("xid_events", self.supported)
+        if self.supported:  # delivered by the backend's wait_events; a refused registration: feature 0
+            dev.events(XID_CRITICAL_ERROR, refused="xid_events")
 
     def read_fast(self, q: Query) -> None:
         return None

@@ -1,0 +1,89 @@
+"""NVML's return codes, mapped to outcomes: unsupported, a lost GPU, the backend gone (with hints)."""
+
+from __future__ import annotations
+
+import os
+
+import pynvml as N
+
+from gpuwatch.errors import BackendUnavailable, DeviceLost
+
+ERROR_NAMES: dict[int, str] = {
+    getattr(N, name): name[len("NVML_ERROR_"):].lower()
+    for name in dir(N)
+    if name.startswith("NVML_ERROR_") and isinstance(getattr(N, name), int)
+}
+UNSUPPORTED = {
+    N.NVML_ERROR_NOT_SUPPORTED,
+    N.NVML_ERROR_INVALID_ARGUMENT,
+    N.NVML_ERROR_NO_PERMISSION,
+    N.NVML_ERROR_FUNCTION_NOT_FOUND,
+    getattr(N, "NVML_ERROR_DEPRECATED", 26),
+}
+LOST = N.NVML_ERROR_GPU_IS_LOST
+BACKEND_GONE = {
+    N.NVML_ERROR_UNINITIALIZED: (
+        "uninitialized", "NVML lost its initialisation; gpuwatch re-initialises it by itself"),
+    N.NVML_ERROR_DRIVER_NOT_LOADED: (
+        "driver_not_loaded",
+        "the nvidia kernel module is not loaded: check `lsmod | grep nvidia` and `dmesg`, load it with "
+        "`modprobe nvidia`; gpuwatch keeps retrying"),
+    N.NVML_ERROR_LIBRARY_NOT_FOUND: (
+        "library_not_found",
+        "libnvidia-ml.so.1 cannot be loaded: install the NVIDIA driver (in a container: the NVIDIA container "
+        "toolkit), or run `gpuwatch demo` for a simulated node"),
+    N.NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+        "driver_version_mismatch",
+        "the NVIDIA driver was upgraded without a reboot: libnvidia-ml.so and the kernel module differ; "
+        "reboot the node (or reload the nvidia kernel modules)"),
+    N.NVML_ERROR_NO_PERMISSION: (
+        "no_permission",
+        "no access to /dev/nvidiactl: run gpuwatch as a user that may open the NVIDIA device nodes"),
+}
+
+LIBRARY = "libnvidia-ml.so.1"  # what pynvml loads on Linux
+
+def copied_symlink_hint() -> str | None:
+    """A libnvidia-ml.so.1 on LD_LIBRARY_PATH that is no library but a few bytes of text naming one beside it: a
+    symlink copied as a file (a tarball or a copy tool that does not keep links). The hint says how to mend it."""
+    for directory in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)):
+        path = os.path.join(directory, LIBRARY)
+        try:
+            if not os.path.isfile(path) or os.path.islink(path) or os.path.getsize(path) > 255:
+                continue
+            with open(path, "rb") as stub:
+                target = stub.read().decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        if target and "/" not in target and os.path.isfile(os.path.join(directory, target)):
+            real = os.path.join(os.path.abspath(directory), target)
+            return (f"{path} is not a library but a text file naming {target}: a symlink copied as a file. Link "
+                    f"it in a directory of your own (`mkdir -p /tmp/nvml && ln -sf {real} /tmp/nvml/{LIBRARY}`) "
+                    "and put that directory first on LD_LIBRARY_PATH; gpuwatch keeps retrying")
+    return None
+
+
+
+def is_gone(code: int) -> bool:
+    """GPU_IS_LOST or the backend as a whole went away: errors that must not be taken for "unsupported"."""
+    return code == LOST or (code in BACKEND_GONE and code != N.NVML_ERROR_NO_PERMISSION)
+
+
+
+def unavailable(exc: N.NVMLError) -> BackendUnavailable:
+    """BackendUnavailable for an error that took the whole backend away, with its hint."""
+    reason, hint = BACKEND_GONE.get(
+        exc.value, (ERROR_NAMES.get(exc.value, "unknown"), "check `nvidia-smi`; gpuwatch keeps retrying"))
+    if exc.value == N.NVML_ERROR_LIBRARY_NOT_FOUND:
+        hint = copied_symlink_hint() or hint
+    return BackendUnavailable(reason, f"NVML: {exc}", hint)
+
+
+def failure(exc: N.NVMLError, uuid: str) -> Exception | None:
+    """An error raised while polling as DeviceLost / BackendUnavailable; None for the others (that
+    reading is absent from this poll, its error counted)."""
+    if exc.value == LOST:
+        return DeviceLost(uuid, f"NVML: {exc}")
+    if exc.value in BACKEND_GONE and exc.value != N.NVML_ERROR_NO_PERMISSION:
+        return unavailable(exc)
+    return None

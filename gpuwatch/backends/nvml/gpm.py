@@ -1,0 +1,76 @@
+"""The gpm group's stateful call: a GPU's (or a GPU instance's) two GPM samples and one metrics request."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+import pynvml as N
+
+from gpuwatch.backends.nvml.structs import plain
+
+
+class GpmPair:
+    """GPM for one GPU (nvmlGpmMetricsGet over two samples): the two samples are allocated on the
+    first call and swapped from then on; each call takes one sample (nvmlGpmSampleGet) and, from the
+    second call on, returns ({metric id: value} of the metrics whose own return code is SUCCESS,
+    seconds between the two samples). The first call returns None (no interval yet)."""
+
+    def __init__(self, handle: Any, metric_ids: tuple[int, ...], gpu_instance: int | None = None) -> None:
+        """``gpu_instance``: sample that GPU instance of a MIG-enabled GPU (nvmlGpmMigSampleGet)."""
+        self._handle = handle
+        self._gi = None if gpu_instance is None else ctypes.c_uint(gpu_instance)
+        self._ids = metric_ids
+        self._samples: list[Any] | None = None
+        self._next = 0
+        self._taken: float | None = None
+        metric = plain(N.c_nvmlGpmMetric_t)
+        fields = [(name, kind) for name, kind in N.c_nvmlGpmMetricsGet_t._fields_ if name != "metrics"]
+        request = type("_GpmMetricsGet", (ctypes.Structure,),
+                       {"_fields_": [*fields, ("metrics", metric * N.NVML_GPM_METRIC_MAX)]})
+        assert ctypes.sizeof(request) == ctypes.sizeof(N.c_nvmlGpmMetricsGet_t)
+        self._request = request()
+        self._request.version = N.NVML_GPM_METRICS_GET_VERSION
+        self._request.numMetrics = len(metric_ids)
+        for slot, mid in zip(self._request.metrics, metric_ids):
+            slot.metricId = mid
+        self._sample_get: Any = None
+        self._metrics_get: Any = None
+
+    def __call__(self) -> tuple[dict[int, float], float] | None:
+        if self._samples is None:  # resolved here, inside the funnel's error handling (an old driver lacks them)
+            self._sample_get = N._nvmlGetFunctionPointer(
+                "nvmlGpmSampleGet" if self._gi is None else "nvmlGpmMigSampleGet")
+            self._metrics_get = N._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
+            first = N.nvmlGpmSampleAlloc()
+            try:
+                self._samples = [first, N.nvmlGpmSampleAlloc()]
+            except N.NVMLError:
+                N.nvmlGpmSampleFree(first)
+                raise
+        current = self._samples[self._next]
+        ret = (self._sample_get(self._handle, current) if self._gi is None
+               else self._sample_get(self._handle, self._gi, current))
+        if ret:
+            raise N.NVMLError(ret)
+        now, before = time.monotonic(), self._taken
+        self._taken = now
+        self._next ^= 1
+        if before is None:
+            return None
+        request = self._request
+        request.sample1, request.sample2 = self._samples[self._next], current
+        ret = self._metrics_get(ctypes.byref(request))
+        if ret:
+            raise N.NVMLError(ret)
+        values = {m.metricId: m.value for m in request.metrics[:len(self._ids)] if m.nvmlReturn == 0}
+        return values, now - before
+
+    def free(self) -> None:
+        samples, self._samples = self._samples, None
+        for sample in samples or ():
+            try:
+                N.nvmlGpmSampleFree(sample)
+            except N.NVMLError:
+                pass
