@@ -80,12 +80,13 @@ def options(socket_path: Path) -> dict:
 
 def in_process(work: Path, proc: Path, cgroup: Path, socket_path: Path, node: fakenvml.FakeNode,
                reads: int) -> dict:
+    from gpuwatch.groups import Selection
     from gpuwatch.hostside import HostReader
     from gpuwatch.model import GpuState
     from gpuwatch.testing import identity
 
     gpus = [GpuState(identity(i, uuid=g.uuid, minor_number=g.minor), {}, True) for i, g in enumerate(node.gpus)]
-    reader = HostReader({"slurm", "kubernetes", "jobs"}, options(socket_path), str(proc), str(cgroup))
+    reader = HostReader(Selection.of({"slurm", "kubernetes", "jobs"}, options(socket_path)), str(proc), str(cgroup))
 
     def one() -> tuple[float, float, dict]:
         c0, w0 = time.process_time(), time.perf_counter()

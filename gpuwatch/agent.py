@@ -12,13 +12,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from gpuwatch import groups, logs, web
+from gpuwatch import logs, web
 from gpuwatch.attribution import Attributor
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock, SystemClock
 from gpuwatch.config import Config
 from gpuwatch.errors import ConfigError
 from gpuwatch.exporter import build_exposition
+from gpuwatch.groups import Selection
 from gpuwatch.model import NodeInfo
 from gpuwatch.poller import Poller
 from gpuwatch.rules import all_rules
@@ -27,7 +28,13 @@ from gpuwatch.store import Store
 from gpuwatch.web import App, HttpServers
 
 
-def make_backend(config: Config, clock: Clock) -> Backend:
+def select_groups(config: Config) -> Selection:
+    """The reading groups the configuration selects, with their options: built once, given to every part."""
+    return Selection.of(config.collectors, config.collector_options)
+
+
+def make_backend(config: Config, clock: Clock, selection: Selection | None = None) -> Backend:
+    selection = selection or select_groups(config)
     if config.backend == "simulated":
         from gpuwatch.backends.simulated import SimulatedBackend, demo_tour, scenarios
 
@@ -36,7 +43,7 @@ def make_backend(config: Config, clock: Clock) -> Backend:
             if config.sim_scenario not in known:
                 raise ConfigError(f"sim.scenario: unknown scenario {config.sim_scenario!r}; "
                                   f"known: {', '.join(sorted(known))} (gpuwatch demo --list)")
-            return known[config.sim_scenario].backend(clock)
+            return known[config.sim_scenario].backend(clock, selection)
         faults = None
         if config.sim_faults:
             if config.sim_gpus >= 3:
@@ -55,7 +62,7 @@ def make_backend(config: Config, clock: Clock) -> Backend:
                 raise ConfigError(f"sim.fault: {spec!r}: {exc}") from None
         try:
             return SimulatedBackend(clock, gpu_count=config.sim_gpus, profile=config.sim_profile,
-                                    faults=[*(faults or ()), *extra])
+                                    faults=[*(faults or ()), *extra], selection=selection)
         except ValueError as exc:  # a fault on a GPU the node does not have, or that the profile cannot show
             raise ConfigError(f"sim.fault: {exc}") from None
     if config.backend == "replay":
@@ -75,21 +82,22 @@ def make_backend(config: Config, clock: Clock) -> Backend:
         return ReplayBackend(trace, clock, speed=config.replay_speed, loop=config.replay_loop)
     from gpuwatch.backends.nvml import NvmlBackend
 
-    return NvmlBackend(config.collectors, config.collector_options)
+    return NvmlBackend(selection)
 
 
-def make_host_reader(config: Config, backend: Backend, clock: Clock) -> Callable[..., Any] | None:
+def make_host_reader(config: Config, backend: Backend, clock: Clock,
+                     selection: Selection | None = None) -> Callable[..., Any] | None:
     """The host groups' reader: the simulator's own for the simulated backend, none for a replay
     (a trace has no host side), else gpuwatch/hostside/ over this machine's /proc and cgroups."""
-    enabled = config.collectors & {g.name for g in groups.HOST}
-    if not enabled or config.backend == "replay":
+    selection = selection or select_groups(config)
+    if not selection.host or config.backend == "replay":
         return None
     simulated = getattr(backend, "read_host", None)
     if simulated is not None:
         return simulated
     from gpuwatch.hostside import HostReader
 
-    return HostReader(enabled, config.collector_options, config.attribution_proc_root,
+    return HostReader(selection, config.attribution_proc_root,
                       config.attribution_cgroup_root, config.attribution_mapping_dir, clock.monotonic)
 
 
@@ -110,7 +118,8 @@ class Agent:
     def __init__(self, config: Config, clock: Clock | None = None, backend: Backend | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.backend = backend or make_backend(config, self.clock)
+        self.selection = select_groups(config)
+        self.backend = backend or make_backend(config, self.clock, self.selection)
         self.store = Store(self.clock, self.backend.name, node_info(config))
         rules = all_rules()
         self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
@@ -118,16 +127,13 @@ class Agent:
                              min_history_seconds=config.poll_slow_interval + config.staleness("fast"),
                              host_staleness=config.staleness("slow"))
         attribute = None
-        if "processes" in config.collectors:
+        if self.selection.attributed:
             attribute = Attributor(config.attribution_proc_root).attribute
-        self.host = make_host_reader(config, self.backend, self.clock)
+        self.host = make_host_reader(config, self.backend, self.clock, self.selection)
         self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval,
-                             evaluate=self.evaluate_rules, attribute=attribute, enabled=config.collectors,
+                             evaluate=self.evaluate_rules, attribute=attribute, selection=self.selection,
                              host=self.host)
-        options = config.collector_options
-        self.exposition = build_exposition(
-            self.store.snapshot, self.clock, config.staleness, enabled=config.collectors,
-            per_pid_max=options["processes.per-pid-max"] if options["processes.per-pid"] else 0)
+        self.exposition = build_exposition(self.store.snapshot, self.clock, config.staleness, selection=self.selection)
         self.http: HttpServers | None = None
 
     def evaluate_rules(self) -> None:

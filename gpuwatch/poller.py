@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,10 +25,10 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuwatch import groups
 from gpuwatch.backends.base import Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.groups.selection import Selection
 from gpuwatch.groups.xid import describe as describe_xid
 from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSample, ProcessInfo, SlowSample
@@ -93,7 +93,7 @@ class Poller:
         slow_interval: float = 30.0,
         evaluate: Callable[[], None] | None = None,
         attribute: Callable[[GpuIdentity, tuple[GpuProcess, ...] | None], tuple[ProcessInfo, ...]] | None = None,
-        enabled: Collection[str] = groups.DEFAULT_ENABLED,
+        selection: Selection | None = None,
         host: Callable[[Sequence[GpuState]], HostSample] | None = None,
     ) -> None:
         self._backend = backend
@@ -108,14 +108,13 @@ class Poller:
         self._host_lock = threading.Lock()
         self._host_running = False
         self._host_again = False
-        # tier -> the enabled groups that read in it, for gpuwatch_collector_success/_duration_seconds
-        self._tier_groups = {tier: tuple(g.name for g in groups.GROUPS if g.name in enabled and getattr(g, tier))
-                             for tier in ("fast", "slow")}
+        selection = selection or Selection.of()
+        self._selection = selection
+        # tier -> the selected groups that read in it, for gpuwatch_collector_success/_duration_seconds
+        self._tier_groups = {tier: selection.tier(tier) for tier in ("fast", "slow")}
+        self._attributed = selection.attributed  # the groups whose slow reading is attributed to jobs
         self._events_ok: bool | None = None
-        # Backends other than NVML read every group: what is switched off is dropped here.
-        self._enabled = frozenset(enabled)
-        self._everything = self._enabled >= groups.ALL
-        self._features = groups.features_of(self._enabled)
+        self._features = selection.features
         self._log = get_logger(component="poller", backend=backend.name)
         self._lifecycle = threading.Lock()
         self._up = False
@@ -160,13 +159,13 @@ class Poller:
                     "internal", f"{type(exc).__name__}: {exc}",
                     "a gpuwatch bug: please report it with this log line; gpuwatch keeps retrying"), exc)
                 return False
-            if not self._everything:
+            if not self._selection.everything:  # a backend that reads every group (not NVML): keep the selected
                 gpus = [dataclasses.replace(g, features={k: v for k, v in g.features.items() if k in self._features})
                         for g in gpus]
             self._discovery_errors.extend(driver.errors)
             self._discovery_errors.extend(error for gpu in gpus for error in gpu.errors)
             self._store.set_gpus(gpus)
-            if "xid" in self._enabled:
+            if self._selection.events:
                 self._events_status(True)  # registered at discovery; the events thread reports from here on
             up = len(gpus) > 0
             self._store.set_backend(up, None if up else "no GPUs visible", driver)
@@ -277,8 +276,7 @@ class Poller:
             if uuid in self._lost:
                 self._lost.discard(uuid)
                 self._log.info("gpu_recovered", uuid=uuid, gpu=self._index(uuid))
-            if not self._everything:
-                sample = groups.only(sample, self._enabled)
+            sample = self._selection.narrow(sample)  # a backend that reads every group (not NVML)
             errors.extend(sample.errors)
             for name, seconds, ok in sample.collected:
                 entry = stats.get(name)
@@ -288,8 +286,9 @@ class Poller:
             if isinstance(sample, SlowSample):
                 attributed = time.perf_counter()
                 workloads = self._workloads(identity, sample)
-                if "processes" in stats:
-                    stats["processes"][0] += time.perf_counter() - attributed
+                for name in self._attributed:
+                    if name in stats:
+                        stats[name][0] += time.perf_counter() - attributed
                 self._store.put_slow(uuid, sample, workloads)
             elif isinstance(sample, FastSample):
                 self._store.put_fast(uuid, sample)
@@ -442,7 +441,7 @@ class Poller:
                               id="rules")
         scheduler.start()
         self._scheduler = scheduler
-        if "xid" in self._enabled or "mig" in self._enabled:  # XIDs; MIG configuration changes
+        if self._selection.events:  # XIDs; MIG configuration changes
             self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
             self._events_thread.start()
 

@@ -72,3 +72,17 @@ def test_no_module_imports_another_modules_private_names():
 def test_no_module_is_over_500_lines():
     long = {name: n for name, path in modules() if (n := len(path.read_text().splitlines())) > 500}
     assert long == {"gpuwatch.backends.simulated.faults": long.get("gpuwatch.backends.simulated.faults")}
+
+
+def test_the_engine_names_no_group():
+    """What the poller, the NVML backend, the exporter and the agent need to know of a group is in its
+    declaration (events, attributed, host, ...) or the Selection: a group is added in its own module only."""
+    from gpuwatch.groups import ALL
+
+    engine = ("gpuwatch.poller", "gpuwatch.agent", "gpuwatch.backends.nvml", "gpuwatch.exporter")
+    named = []
+    for name, path in modules():
+        if name.startswith(engine):
+            named += [f"{name}:{node.lineno} {node.value!r}" for node in ast.walk(ast.parse(path.read_text()))
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ALL]
+    assert named == []

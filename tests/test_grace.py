@@ -16,6 +16,7 @@ from test_rules import evaluate, gpu, snapshot, window
 from gpuwatch.backends.simulated import Fault, SimulatedBackend, demo_tour
 from gpuwatch.backends.simulated.faults import parse_fault_spec
 from gpuwatch.clock import FakeClock
+from gpuwatch.groups import Selection
 from gpuwatch.groups.grace import GraceSensor
 from gpuwatch.hostside import HostReader
 from gpuwatch.hostside.grace import GraceHwmon
@@ -213,7 +214,7 @@ def test_x86_node_has_no_grace_sensors_and_says_nothing(tmp_path, capsys):
     assert GraceHwmon(str(tmp_path), FakeClock().monotonic, errors).read() is None
     assert GraceHwmon(str(tmp_path / "absent"), FakeClock().monotonic, errors).read() is None
     assert errors == [] and warnings(capsys) == []
-    sample = HostReader({"grace"}, {"grace.hwmon-root": str(tmp_path)})([])
+    sample = HostReader(Selection.of({"grace"}, {"grace.hwmon-root": str(tmp_path)}))([])
     assert sample.grace is None and sample.collected == ()
 
 
@@ -257,7 +258,7 @@ def test_hostile_sensor_files_are_skipped_with_one_warning_naming_the_file(tmp_p
 
 def test_host_reader_runs_the_grace_group_with_its_root_and_reports_it(tmp_path):
     grace_tree(tmp_path, sockets=1)
-    reader = HostReader({"grace"}, {"grace.hwmon-root": str(tmp_path)}, cgroup_root=str(tmp_path / "none"))
+    reader = HostReader(Selection.of({"grace"}, {"grace.hwmon-root": str(tmp_path)}), cgroup_root=str(tmp_path / "none"))
     sample = reader([])
     assert [(s.sensor, s.watts) for s in sample.grace or ()] == [("cap", 500.0), ("cpu", 250.5), ("module", 612.25),
                                                                 ("sysio", 21.0)]

@@ -12,6 +12,7 @@ import pytest
 from fakehost import fake_process, pod_v2, proc_stat, scontrol_world, slurm_v1_job, slurm_v2_job
 
 from gpuwatch.clock import FakeClock
+from gpuwatch.groups import Selection
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside import HostReader, cgroups
 from gpuwatch.hostside.slurm_allocations import Answer, SlurmAllocations, hostlist_contains, parse_scontrol_job
@@ -240,7 +241,7 @@ def test_reader_runs_each_enabled_group_and_one_failing_source_stays_there(tmp_p
     fake_process(proc, 100, user=1.0)
     options = {"slurm.scontrol": SCONTROL, "slurm.scontrol-timeout": 5, "slurm.scontrol-backoff": 60,
                "slurm.node-name": "gpu07", "kubernetes.socket": str(tmp_path / "no.sock"), "kubernetes.timeout": 1}
-    reader = HostReader({"slurm", "kubernetes", "jobs"}, options, str(proc), str(root))
+    reader = HostReader(Selection.of({"slurm", "kubernetes", "jobs"}, options), str(proc), str(root))
     sample = reader(gpus(2))
     assert [a.job_id for a in sample.slurm] == ["42"] and sample.kubernetes is None
     assert [j.job_id for j in sample.jobs] == ["42"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -14,9 +14,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.utils import floatToGoString
 
-from gpuwatch import __version__, groups, logs
+from gpuwatch import __version__, logs
 from gpuwatch.clock import Clock
 from gpuwatch.exporter.render import Renderer, build_labels, freshness_key
+from gpuwatch.groups.selection import Selection
 from gpuwatch.model import NodeSnapshot
 
 OPENMETRICS_EOF = "# EOF\n"
@@ -107,12 +108,11 @@ class Exposition:
     """
 
     def __init__(self, snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],
-                 process_metrics: bool = True, enabled: Collection[str] = groups.DEFAULT_ENABLED,
-                 per_pid_max: int = 0) -> None:
+                 process_metrics: bool = True, selection: Selection | None = None) -> None:
         self._snapshot = snapshot
         self._clock = clock
         self._staleness = staleness
-        self._renderer = Renderer(staleness, build_labels(), enabled, per_pid_max)
+        self._renderer = Renderer(staleness, build_labels(), selection)
         self._process = _ProcessMetrics() if process_metrics else None
         self._lock = threading.Lock()
         self._rendered: Any = None  # the state the renderer's body is of
@@ -160,9 +160,8 @@ class Exposition:
 
 
 def build_exposition(snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],
-                     process_metrics: bool = True, enabled: Collection[str] = groups.DEFAULT_ENABLED,
-                     per_pid_max: int = 0) -> Exposition:
-    return Exposition(snapshot, clock, staleness, process_metrics, enabled, per_pid_max)
+                     process_metrics: bool = True, selection: Selection | None = None) -> Exposition:
+    return Exposition(snapshot, clock, staleness, process_metrics, selection)
 
 
 __all__ = ["Exposition", "build_exposition", "__version__"]

@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 from gpuwatch import __version__, groups
 from gpuwatch.exporter.catalogue import CATALOGUE
 from gpuwatch.groups.base import Group, LabelValues
+from gpuwatch.groups.selection import Selection
 from gpuwatch.model import GpuState, NodeSnapshot, fresh
 
 
@@ -193,18 +194,18 @@ class Renderer:
     the set of series changes (a GPU, a group's families) is the order of the pieces built again."""
 
     def __init__(self, staleness: Callable[[str], float], build: LabelValues,
-                 enabled: Collection[str] = groups.DEFAULT_ENABLED, per_pid_max: int = 0) -> None:
+                 selection: Selection | None = None) -> None:
         self._staleness = staleness
         self._build = build
-        self._enabled = frozenset(enabled)
-        self._features = groups.features_of(self._enabled)
+        selection = selection or Selection.of()
+        self._selection = selection
+        self._features = selection.features
         self._groups = [(g.name, g.render, g.select, g.fast, g.slow, g.host)
-                        for g in groups.GROUPS if g.name in self._enabled and g.render is not None]
-        if self._enabled & groups.SCHEDULERS:  # gpuwatch_gpu_allocated: the scheduler groups' together
+                        for g in selection.groups if g.render is not None]
+        if selection.enabled & groups.SCHEDULERS:  # gpuwatch_gpu_allocated: the scheduler groups' together
             self._groups.append(("allocated", _allocated, _host_select, None, None, "allocated"))
-        self._node_groups = [(g.render_node, g.host or g.name) for g in groups.GROUPS
-                             if g.name in self._enabled and g.render_node is not None]
-        self._per_pid_max = per_pid_max if "processes" in self._enabled else 0
+        self._node_groups = [(g.render_node, g.host or g.name) for g in selection.groups if g.render_node is not None]
+        self._per_pid_max = selection.per_pid_max
         # uuid -> its entries: [0] the GPU's own families (identity, up, features), then one per group
         self._entries: dict[str, list[_Entry | None]] = {}
         self._node_entry: _Entry | None = None
@@ -365,14 +366,12 @@ class Renderer:
         """(group, seconds, succeeded) of each enabled group: its last fast and last slow read together."""
         fast, slow = snap.tiers.get("fast"), snap.tiers.get("slow")
         host = {name: (seconds, ok) for name, seconds, ok in snap.host.collected} if snap.host is not None else {}
-        for group in groups.GROUPS:
-            if group.name not in self._enabled:
-                continue
+        for group in self._selection.groups:
             if group.host is not None:
                 if group.name in host:
                     yield group.name, *host[group.name]
                 continue
-            if group.name == "xid":
+            if group.events and not (group.fast or group.slow):  # read from events only: the events thread's state
                 if snap.events_ok is not None:
                     yield group.name, 0.0, snap.events_ok
                 continue

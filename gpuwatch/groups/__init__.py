@@ -56,6 +56,7 @@ from gpuwatch.groups.pcie import Pcie
 from gpuwatch.groups.power import Power, PowerLimits
 from gpuwatch.groups.processes import GpuProcess
 from gpuwatch.groups.recovery import Recovery
+from gpuwatch.groups.selection import Selection
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.groups.thermal import TemperatureLimits, Temperatures
 from gpuwatch.groups.utilization import Utilization
@@ -240,6 +241,6 @@ def only(sample: Any, enabled: frozenset[str]) -> Any:
 
 
 __all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES", "HOST", "SCHEDULERS",
-           "SPECS", "FastSample",
+           "SPECS", "FastSample", "Selection",
            "GpuHost", "HostSample", "SlowSample",
            "fast_sample", "flat", "only", "slow_sample", "features_of"]

@@ -212,6 +212,13 @@ class Group:
     # A node-level render: (emit, the group's fresh HostSample reading or None); its families have no
     # gpu/uuid labels.
     render_node: Callable[[Emit, Any], None] | None = None
+    # The group reads NVML events (``Device.events``): the poller runs its events thread while one such group is
+    # on. A group with events and no tier reading (xid) reports the events thread's state as its
+    # gpuwatch_collector_success.
+    events: bool = False
+    # Its slow reading (the GPU's processes) is attributed to jobs, pods and units through /proc: the poller
+    # attributes it and counts the time as the group's.
+    attributed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", dict(self.fields or {}))

@@ -75,7 +75,7 @@ class Nvml:
             return ()
         out = []
         for r in got:
-            gpm = r["gpm"] or {}
+            gpm = r["metrics"] or {}
             out.append(MigReading(r["gpu_instance"], r["memory_total"], r["memory_used"], _ratio(gpm.get(_SM_ACTIVE)),
                                   _ratio(gpm.get(_DRAM)), _ratio(gpm.get(_TENSOR))))
         return tuple(out)
@@ -108,6 +108,7 @@ GI = G + ("gpu_instance",)
 
 GROUP = Group(
     name="mig",
+    events=True,
     help="MIG instances: enumerated in the slow tier, frame buffer and GPM activity per instance in the fast tier",
     features=("mig",),
     hardware=("mig",),

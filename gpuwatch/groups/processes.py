@@ -86,6 +86,7 @@ def render(emit: Emit, fast: None, workloads: tuple[ProcessInfo, ...] | None) ->
 
 GROUP = Group(
     name="processes",
+    attributed=True,
     help="compute processes per GPU, attributed to Slurm jobs, pods and units through /proc",
     slow="processes",
     nvml=Nvml,

@@ -166,6 +166,7 @@ def render(emit: Emit, counts: Mapping[int, int] | None, last: Mapping[int, floa
 
 GROUP = Group(
     name="xid",
+    events=True,
     help="XID error events (nvmlEventSetWait on a thread of its own)",
     features=("xid_events",),
     nvml=Nvml,

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuwatch.groups import HostSample
+from gpuwatch.groups import HostSample, Selection
 from gpuwatch.groups.kubernetes import PodAllocation
 from gpuwatch.hostside import cgroups
 from gpuwatch.logs import get_logger
@@ -88,21 +88,22 @@ class KubeletPods:
 
 
 class HostReader:
-    """Reads the enabled host groups: ``reader(gpus) -> HostSample``."""
+    """Reads the selected host groups: ``reader(gpus) -> HostSample``."""
 
-    def __init__(self, enabled: Collection[str], options: Mapping[str, Any], proc_root: str = "/proc",
+    def __init__(self, selection: Selection, proc_root: str = "/proc",
                  cgroup_root: str = "/sys/fs/cgroup", mapping_dir: str | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self._errors: list[tuple[str, str]] = []
         self._root = Path(cgroup_root)
         self._log = get_logger(component="hostside")
         self._slurm = self._kubelet = self._jobs = self._grace = None
+        enabled = selection.enabled
         if "slurm" in enabled:
             from gpuwatch.hostside.slurm_allocations import SlurmAllocations
 
-            self._slurm = SlurmAllocations(_group_options(options, "slurm"), mapping_dir, monotonic, self._errors)
+            self._slurm = SlurmAllocations(selection.options_of("slurm"), mapping_dir, monotonic, self._errors)
         if "kubernetes" in enabled:
-            kube = _group_options(options, "kubernetes")
+            kube = selection.options_of("kubernetes")
             self._kubelet = KubeletPods(str(kube["socket"]), float(kube["timeout"]), self._errors)
         if "jobs" in enabled:
             from gpuwatch.hostside.jobs import JobsReader
@@ -111,7 +112,7 @@ class HostReader:
         if "grace" in enabled:
             from gpuwatch.hostside.grace import GraceHwmon
 
-            self._grace = GraceHwmon(str(_group_options(options, "grace")["hwmon-root"]), monotonic, self._errors)
+            self._grace = GraceHwmon(str(selection.option("grace", "hwmon-root")), monotonic, self._errors)
         self._failed: set[str] = set()
 
     def __call__(self, gpus: Sequence[GpuState]) -> HostSample:
@@ -172,8 +173,3 @@ class HostReader:
     def close(self) -> None:
         if self._kubelet is not None:
             self._kubelet.close()
-
-
-def _group_options(options: Mapping[str, Any], group: str) -> dict[str, Any]:
-    prefix = group + "."
-    return {key[len(prefix):]: value for key, value in options.items() if key.startswith(prefix)}

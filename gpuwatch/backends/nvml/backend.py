@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml as N
 
-from gpuwatch import groups
 from gpuwatch.backends.nvml.calls import Batch, Texts, handle_key
 from gpuwatch.backends.nvml.codes import BACKEND_GONE, LOST, UNSUPPORTED, is_gone, unavailable
 from gpuwatch.backends.nvml.funnel import Probe, Query
 from gpuwatch.errors import BackendUnavailable, DeviceLost
-from gpuwatch.groups import fieldids
+from gpuwatch.groups import Selection, fieldids
 from gpuwatch.groups.base import NvmlReader
 from gpuwatch.logs import get_logger
 from gpuwatch.model import DiscoveredGpu, DriverInfo, FastSample, GpuIdentity, SlowSample, XidEvent
@@ -47,12 +46,10 @@ class _Gpu:
 class NvmlBackend:
     name = "nvml"
 
-    def __init__(self, enabled: Collection[str] = groups.DEFAULT_ENABLED,
-                 options: Mapping[str, Any] | None = None) -> None:
-        self._groups = tuple(g for g in groups.GROUPS if g.name in enabled and g.nvml is not None)
-        self._options = {f"{g.name}.{name}": default for g in groups.GROUPS
-                         for name, (default, _) in g.options.items()}
-        self._options.update(options or {})
+    def __init__(self, selection: Selection | None = None) -> None:
+        selection = selection or Selection.of()
+        self._groups = tuple(g for g in selection.groups if g.nvml is not None)  # a group not selected: no call
+        self._options = selection.options
         self._numbering = fieldids.DEFAULT
         self._field_ids = self._resolve_fields()
         self._devices: dict[str, _Gpu] = {}

@@ -77,7 +77,7 @@ class MigDevices:
                     continue  # destroyed since the enumeration: the next one drops it
                 raise
             reading: dict[str, Any] = {"gpu_instance": gi, "memory_total": int(memory.total),
-                                       "memory_used": int(memory.used), "gpm": None}
+                                       "memory_used": int(memory.used), "metrics": None}
             if self.gpm:
                 pair = self._gpm.get(gi)
                 if pair is None:
@@ -91,7 +91,7 @@ class MigDevices:
                     if exc.value in (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_FUNCTION_NOT_FOUND):
                         self.gpm = False  # this driver has no per-instance GPM: stop asking
                     # INVALID_ARGUMENT, NOT_FOUND: the instance went away; the next enumeration drops it
-                reading["gpm"] = None if got is None else got[0]
+                reading["metrics"] = None if got is None else got[0]
             out.append(reading)
         return tuple(out)
 

@@ -23,7 +23,7 @@ from gpuwatch.backends.simulated.profiles import (
 )
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
-from gpuwatch.groups import HostSample
+from gpuwatch.groups import HostSample, Selection
 from gpuwatch.groups.grace import GraceSensor
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.groups.slurm import JobAllocation
@@ -73,7 +73,10 @@ class SimulatedBackend:
         profile: str = "rtx6000",
         faults: Sequence[Fault] | None = None,
         seed: int = 0,
+        selection: Selection | None = None,
     ) -> None:
+        # the groups' options it can honour (the poller leaves the readings of groups not selected out)
+        self._video = bool((selection or Selection.of()).option("utilization", "video"))
         if profile not in PROFILES:
             raise ValueError(unknown_profile(profile))
         if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or not (
@@ -175,7 +178,7 @@ class SimulatedBackend:
     def read_slow(self, uuid: str) -> SlowSample:
         self._wait_out_hang()
         with self._lock:
-            return slow_reading(self._current(uuid))
+            return slow_reading(self._current(uuid), video=self._video)
 
     def read_host(self, gpus: Sequence[Any] = ()) -> HostSample:
         """The host groups of the simulated node: the Slurm jobs of the active ``job`` faults (their

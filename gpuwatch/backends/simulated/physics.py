@@ -365,7 +365,9 @@ def _gpm(g: SimGpu) -> dict[str, object]:
     )
 
 
-def slow_reading(g: SimGpu) -> SlowSample:
+def slow_reading(g: SimGpu, video: bool = False) -> SlowSample:
+    """The slow tier's readings; ``video``: with encoder and decoder utilization (--collector.utilization.video;
+    the simulated workloads are compute jobs: both engines idle)."""
     p = g.profile
     absolute = {
         "shutdown": p.shutdown_celsius,
@@ -387,7 +389,7 @@ def slow_reading(g: SimGpu) -> SlowSample:
     width = p.pcie_width if g.pcie_width is None else min(p.pcie_width, g.pcie_width)
     return slow_sample(
         temperature_threshold_celsius=thresholds,
-        # encoder/decoder: the NVML backend reads them with --collector.utilization.video only
+        utilization_ratio={"encoder": 0.0, "decoder": 0.0} if video else {},
         clock_hertz={"video": (p.clock_max_mhz if g.busy else p.clock_idle_mhz)["video"] * 1e6},
         temperature_margin_threshold_celsius=margin_thresholds,
         power_limit_watts=dict(p.power_limit_watts),

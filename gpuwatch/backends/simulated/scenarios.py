@@ -9,6 +9,7 @@ from gpuwatch.backends.simulated.backend import SimulatedBackend
 from gpuwatch.backends.simulated.faults import Fault
 from gpuwatch.backends.simulated.profiles import PROFILES
 from gpuwatch.clock import Clock
+from gpuwatch.groups import Selection
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +43,11 @@ class Scenario:
     seed: int = 0
     node_power_budget_watts: float | None = None  # --node.power-budget-watts while it plays
 
-    def backend(self, clock: Clock) -> SimulatedBackend:
+    def backend(self, clock: Clock, selection: Selection | None = None) -> SimulatedBackend:
         """A fresh simulated node playing this scenario."""
         return SimulatedBackend(
-            clock, gpu_count=self.gpu_count, profile=self.profile, faults=self.faults, seed=self.seed
+            clock, gpu_count=self.gpu_count, profile=self.profile, faults=self.faults, seed=self.seed,
+            selection=selection,
         )
 
     def fires_by(self, hold_seconds: float, poll_seconds: float = 2.0) -> float | None:
