@@ -52,7 +52,7 @@ def make_backend(config: Config, clock: Clock, selection: Selection | None = Non
                 logs.get_logger(component="main").warning(
                     "demo_tour_disabled", reason="the fault tour needs at least 3 GPUs",
                     hint="use --sim.gpus 3 or more")
-        from gpuwatch.backends.simulated.faults import parse_fault_spec
+        from gpuwatch.backends.simulated.tour import parse_fault_spec
 
         extra = []
         for spec in config.sim_fault:

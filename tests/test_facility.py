@@ -38,7 +38,7 @@ def test_sim_fault_specs_run_faults_from_the_start_on_one_gpu_or_all():
 
     from gpuwatch import config as configuration
     from gpuwatch.agent import make_backend
-    from gpuwatch.backends.simulated.faults import parse_fault_spec
+    from gpuwatch.backends.simulated.tour import parse_fault_spec
     from gpuwatch.clock import FakeClock
     from gpuwatch.errors import ConfigError
 

@@ -14,7 +14,7 @@ from test_golden import series_per_gpu
 from test_rules import evaluate, gpu, snapshot, window
 
 from gpuwatch.backends.simulated import Fault, SimulatedBackend, demo_tour
-from gpuwatch.backends.simulated.faults import parse_fault_spec
+from gpuwatch.backends.simulated.tour import parse_fault_spec
 from gpuwatch.clock import FakeClock
 from gpuwatch.groups import Selection
 from gpuwatch.groups.grace import GraceSensor

@@ -43,17 +43,11 @@ the demo and the scenario tests.
 """
 
 from gpuwatch.backends.simulated.backend import SimulatedBackend
-from gpuwatch.backends.simulated.faults import (
-           DEMO_TOUR_SECONDS,
-           FAULT_KINDS,
-           Conditions,
-           Fault,
-           FaultKind,
-           Health,
-           demo_tour,
-)
+from gpuwatch.backends.simulated.conditions import Conditions, Health
+from gpuwatch.backends.simulated.faults import FAULT_KINDS, Fault, FaultKind
 from gpuwatch.backends.simulated.profiles import DRIVER_INFO, MAX_GPUS, PROFILES, STEP_SECONDS, Profile
 from gpuwatch.backends.simulated.scenarios import Scenario, scenarios
+from gpuwatch.backends.simulated.tour import DEMO_TOUR_SECONDS, demo_tour
 
 __all__ = ["DEMO_TOUR_SECONDS", "DRIVER_INFO", "FAULT_KINDS", "MAX_GPUS", "PROFILES", "STEP_SECONDS", "Conditions",
            "Fault", "FaultKind", "Health", "Profile", "Scenario", "SimulatedBackend", "demo_tour", "scenarios"]

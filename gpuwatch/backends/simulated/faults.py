@@ -1,4 +1,5 @@
-"""Faults: what changes the inputs of a simulated GPU's physics, one small entry per kind; the demo tour."""
+"""Faults: what changes the inputs of a simulated GPU's physics (conditions.py), one small entry per kind (the demo
+tour and `--sim.fault` specs that play them: tour.py)."""
 
 from __future__ import annotations
 
@@ -6,48 +7,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.backends.simulated.profiles import PROFILES, Profile, unknown_profile
-
-
-@dataclass(slots=True)
-class Conditions:
-    """Inputs of one physics step of one GPU; fault kinds modify them while active."""
-
-    utilization: float
-    memory_fraction: float  # of the usable frame buffer the running job wants
-    memory_intensity: float  # memory-engine utilization per unit of GPU utilization
-    resistance_factor: float = 1.0
-    inlet_offset_celsius: float = 0.0  # the air reaching the GPU is this much warmer than the room's
-    fan_stalled: bool = False
-    power_brake: bool = False
-    hw_slowdown: bool = False  # HW slowdown that is neither thermal nor a power brake
-    clock_cap: float = 1.0
-    lost: bool = False
-    fan_ratio: float = 1.0  # the fan reaches this share of its target
-    pcie_width: int | None = None  # link trained down to this many lanes
-    pcie_generation: int | None = None  # link trained down to this generation
-    replays_per_second: float = 0.0
-    nvlink_down: tuple[int, ...] = ()  # links inactive
-    c2c_down: tuple[int, ...] = ()  # C2C links (to the Grace CPU) inactive
-    nvlink_errors_per_second: dict[str, float] = field(default_factory=dict)  # error kind -> rate
-    fabric_state: str | None = None  # overrides "completed" (the fabric manager is not running)
-    fabric_issues: tuple[str, ...] = ()  # fabric health issues reported
-    recovery_action: int = 0  # NVML_GPU_RECOVERY_ACTION_* the driver asks for
-    mig_idle: tuple[int, ...] = ()  # MIG GPU instances held (memory in use) but computing nothing
-
-
-@dataclass(slots=True)
-class Health:
-    """Health counters of one GPU that fault onsets and ends change."""
-
-    ecc: dict[tuple[str, str], int]
-    remapped_rows: dict[str, int]
-    remapped_rows_pending: bool = False
-    remapped_rows_failed: bool = False
-    retired_pages_pending: bool = False
-    pcie_replays: float = 0.0
-    nvlink_errors: dict[str, float] = field(default_factory=dict)  # error kind -> count over the links
-    power_smoothing_percent: float | None = None  # worn power-smoothing circuitry: % left (None: the profile's)
+from gpuwatch.backends.simulated.conditions import Conditions, Health
+from gpuwatch.backends.simulated.profiles import Profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +62,14 @@ class Fault:
             )
         if not isinstance(self.gpu, int) or isinstance(self.gpu, bool) or self.gpu < 0:
             raise ValueError(f"fault {self.kind}: gpu must be a GPU index >= 0, got {self.gpu!r}")
-        if not _is_number(self.start_seconds) or self.start_seconds < 0:
+        if not is_number(self.start_seconds) or self.start_seconds < 0:
             raise ValueError(f"fault {self.kind}: start_seconds must be >= 0")
         if self.end_seconds is not None and (
-            not _is_number(self.end_seconds) or self.end_seconds <= self.start_seconds
+            not is_number(self.end_seconds) or self.end_seconds <= self.start_seconds
         ):
             raise ValueError(f"fault {self.kind}: end_seconds must be after start_seconds")
         if self.repeat_seconds is not None:
-            if not _is_number(self.repeat_seconds) or self.repeat_seconds <= 0:
+            if not is_number(self.repeat_seconds) or self.repeat_seconds <= 0:
                 raise ValueError(f"fault {self.kind}: repeat_seconds must be > 0")
             if self.end_seconds is None:
                 raise ValueError(f"fault {self.kind}: a repeating fault needs end_seconds")
@@ -121,7 +82,7 @@ class Fault:
                 f"fault {self.kind}: unknown params {sorted(unknown)}; allowed: {allowed}"
             )
         for name, value in self.params.items():
-            if not _is_number(value):
+            if not is_number(value):
                 raise ValueError(f"fault {self.kind}: param {name} must be a number")
         object.__setattr__(self, "params", {**spec.params, **self.params})
 
@@ -148,7 +109,7 @@ class Fault:
         return onsets
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -535,97 +496,3 @@ FAULT_KINDS: dict[str, FaultKind] = {
         backend="unlisted",
     ),
 }
-
-#: How long the demo tour takes before everything is back to normal.
-DEMO_TOUR_SECONDS = 330.0
-
-
-def demo_tour(
-    period_seconds: float = 600.0, gpu_count: int = 8, profile: str = "rtx6000"
-) -> list[Fault]:
-    """The scripted tour of the demo, repeating every ``period_seconds``.
-
-    ====================  =========================================================================
-    0–20 s                all GPUs run their normal jobs
-    20–210 s   (GPU 2)    a burn job; its fan stalls at 30 s (speed → 0 while the target climbs
-                          and the GPU heats) and spins again at 200 s. Fanless profiles get a
-                          power brake at 30–120 s instead.
-    100–330 s  (GPU 5)    a burn job; its cooling fails from 110 s (4× thermal resistance, ramped
-                          over 60 s): it reaches its slowdown threshold and throttles, clocks
-                          halved, until the cooling comes back at 320 s
-    240–330 s  (GPU 7)    falls off the bus: XID 79 at 240 s, DeviceLost until it returns at 330 s
-    0–330 s    (GPU 1)    Slurm job 4300 whose data loaders keep its 16 CPUs 97 % busy while the GPU
-                          runs at 35 % (input_bound); GPU 0 on 4- to 7-GPU nodes, none on 3
-    330 s–period          everything normal again
-    ====================  =========================================================================
-
-    On NVLink profiles (the HGX H200) the first GPU also loses NVLink link 5 from 60 to 300 s and
-    the second one's links throw CRC errors and replays from 40 to 300 s; on fabric profiles the fabric
-    manager is not running for GPU 3 for the first 200 s after start (once, as at a boot); on MIG profiles (h100-mig)
-    GPU instance 9 of the first GPU is held idle from 20 to 330 s; on Grace-coupled profiles (gh200,
-    gb200) the first GPU's C2C link 3 to its Grace CPU is down from 90 to 270 s. With fewer than 8 GPUs
-    the last three GPUs play the main parts.
-    """
-    if not _is_number(period_seconds) or period_seconds < DEMO_TOUR_SECONDS:
-        raise ValueError(f"demo tour period must be at least {DEMO_TOUR_SECONDS:.0f} s")
-    if not isinstance(gpu_count, int) or gpu_count < 3:
-        raise ValueError("the demo tour needs at least 3 GPUs")
-    if profile not in PROFILES:
-        raise ValueError(unknown_profile(profile))
-    if gpu_count >= 8:
-        fan_gpu, hot_gpu, lost_gpu = 2, 5, 7
-    else:
-        fan_gpu, hot_gpu, lost_gpu = gpu_count - 3, gpu_count - 2, gpu_count - 1
-    p = period_seconds
-
-    def f(kind: str, gpu: int, start: float, end: float, **params: float) -> Fault:
-        return Fault(kind, gpu, start, end, params=params, repeat_seconds=p)
-
-    if PROFILES[profile].fan_count:
-        first = [f("load", fan_gpu, 20, 210), f("fan_stall", fan_gpu, 30, 200)]
-    else:
-        first = [f("load", fan_gpu, 20, 210), f("power_brake", fan_gpu, 30, 120)]
-    interconnect: list[Fault] = []
-    if PROFILES[profile].nvlink_links:
-        interconnect = [f("load", 0, 50, 310), f("nvlink_down", 0, 60, 300, link=5),
-                        f("nvlink_crc_storm", 1, 40, 300)]
-    if PROFILES[profile].fabric:
-        interconnect.append(Fault("fabric_manager_down", 3 if gpu_count >= 8 else fan_gpu, 0, 200))
-    if PROFILES[profile].mig_instances:
-        interconnect = [f("mig_idle_allocation", 0, 20, 330, gpu_instance=9)]
-    if PROFILES[profile].c2c_links:
-        interconnect.append(f("c2c_link_down", 0 if gpu_count >= 4 else fan_gpu, 90, 270, link=3))
-    job_gpu = 1 if gpu_count >= 8 else 0 if gpu_count >= 4 else None
-    jobs = [] if job_gpu is None or PROFILES[profile].mig_instances else [f("input_starved", job_gpu, 0, 330)]
-    return [
-        *jobs,
-        *first,
-        f("load", hot_gpu, 100, 330),
-        f("cooling_failure", hot_gpu, 110, 320),
-        f("fell_off_bus", lost_gpu, 240, 330),
-        *interconnect,
-    ]
-
-
-def parse_fault_spec(spec: str, gpu_count: int) -> list[Fault]:
-    """``KIND[@GPU][:param=value,...]`` (--sim.fault): the fault from the start, forever, on GPU
-    ``GPU`` or, without it, on every GPU. ValueError says what is wrong."""
-    head, _, params_text = spec.strip().partition(":")
-    kind, _, gpu_text = head.partition("@")
-    params: dict[str, float] = {}
-    for item in filter(None, (p.strip() for p in params_text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"parameter {item!r} is not name=value")
-        try:
-            params[name.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"parameter {name.strip()}: {value!r} is not a number") from None
-    if gpu_text:
-        if not gpu_text.isdigit():
-            raise ValueError(f"GPU {gpu_text!r} is not an index")
-        gpus = [int(gpu_text)]
-    else:
-        gpus = list(range(gpu_count))
-    return [Fault(kind, gpu, 0.0, None, params=params) for gpu in gpus]
-

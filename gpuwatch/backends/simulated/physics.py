@@ -8,7 +8,8 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from gpuwatch.backends.simulated.faults import FAULT_KINDS, Conditions, Fault, Health
+from gpuwatch.backends.simulated.conditions import Conditions, Health
+from gpuwatch.backends.simulated.faults import FAULT_KINDS, Fault
 from gpuwatch.backends.simulated.profiles import ALL_REASONS, MIB, Profile, fan_curve
 from gpuwatch.groups import fast_sample, slow_sample
 from gpuwatch.groups.c2c import ERRORS as C2C_ERRORS
