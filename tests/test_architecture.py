@@ -86,3 +86,20 @@ def test_the_engine_names_no_group():
             named += [f"{name}:{node.lineno} {node.value!r}" for node in ast.walk(ast.parse(path.read_text()))
                       if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ALL]
     assert named == []
+
+
+def test_every_family_is_emitted_by_exactly_one_unit():
+    """A family's samples come from one place: one group's render, or one joint unit (groups/joint.py)."""
+    emitters: dict[str, set[str]] = {}
+    for name, path in modules():
+        if not name.startswith("gpuwatch.groups."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "emit"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                unit = next((f.name for f in ast.walk(ast.parse(path.read_text()))
+                             if isinstance(f, ast.FunctionDef) and f.lineno <= node.lineno <= (f.end_lineno or 0)
+                             and name == "gpuwatch.groups.joint"), name)
+                emitters.setdefault(node.args[0].value, set()).add(unit)
+    assert "gpuwatch_gpu_job_info" in emitters
+    assert {family: units for family, units in emitters.items() if len(units) > 1} == {}

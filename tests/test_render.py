@@ -123,9 +123,10 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
 
     from gpuwatch import groups
     from gpuwatch.exporter import Exposition
-    from gpuwatch.exporter.render import Renderer, _default_select, _gpu_core, _sort_key, build_labels
+    from gpuwatch.exporter.render import Renderer, _gpu_core, _sort_key, build_labels
     from gpuwatch.groups import HostSample
     from gpuwatch.groups.jobs import JobUsage
+    from gpuwatch.groups.joint import JOINT
     from gpuwatch.groups.kubernetes import PodAllocation
     from gpuwatch.groups.slurm import JobAllocation
     from gpuwatch.model import Anomaly, XidEvent
@@ -168,10 +169,11 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
             host = state.fresh_host(now, 90.0)
             for group in groups.GROUPS:
                 if group.render is not None:
-                    group.render(collecting(prefix), *(group.select or _default_select(group))(
-                        state, None if group.host else fast, host if group.host else slow))
-            if host is not None and host.allocated is not None:
-                collecting(prefix)("gpuwatch_gpu_allocated", (), host.allocated)
+                    group.render(collecting(prefix), *(group.select(state, fast, slow, host) if group.select else (
+                        getattr(fast, group.fast) if group.fast else None,
+                        getattr(slow, group.slow) if group.slow else None)))
+            for unit in JOINT:
+                unit.render(collecting(prefix), *unit.select(state, fast, slow, host))
         Renderer(staleness, build_labels())._node(collecting(()), snap, now, 90.0, 0)
         assert {"gpuwatch_gpu_allocated", "gpuwatch_gpu_pod_info", "gpuwatch_job_cpu_seconds_total",
                 "gpuwatch_collector_errors_total"} <= rows.keys()

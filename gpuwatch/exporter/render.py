@@ -24,7 +24,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpuwatch import __version__, groups
 from gpuwatch.exporter.catalogue import CATALOGUE
-from gpuwatch.groups.base import Group, LabelValues
+from gpuwatch.groups.base import LabelValues
 from gpuwatch.groups.selection import Selection
 from gpuwatch.model import GpuState, NodeSnapshot, fresh
 
@@ -154,26 +154,6 @@ def _gpu_core(emit: Callable[..., None], state: GpuState, features: Collection[s
             emit("gpuwatch_gpu_feature_supported", (feature,), state.features[feature])
 
 
-def _host_select(state: GpuState, fast: Any, host: Any) -> tuple[Any, Any]:
-    return None, host
-
-
-def _allocated(emit: Callable[..., None], _: None, host: Any) -> None:
-    """gpuwatch_gpu_allocated: 1 allocated by any scheduler group, 0 free, absent when none can tell."""
-    if host is not None:
-        emit("gpuwatch_gpu_allocated", (), host.allocated)
-
-
-def _default_select(group: Group) -> Callable[[GpuState, Any, Any], tuple[Any, Any]]:
-    fast_attr, slow_attr = group.fast, group.slow
-
-    def select(state: GpuState, fast: Any, slow: Any) -> tuple[Any, Any]:
-        return (getattr(fast, fast_attr) if fast_attr and fast is not None else None,
-                getattr(slow, slow_attr) if slow_attr and slow is not None else None)
-
-    return select
-
-
 class _Entry:
     """One (GPU, group)'s lines: the readings they came from, per family its text and its place in
     the body (``Renderer._slots``)."""
@@ -200,10 +180,9 @@ class Renderer:
         selection = selection or Selection.of()
         self._selection = selection
         self._features = selection.features
-        self._groups = [(g.name, g.render, g.select, g.fast, g.slow, g.host)
-                        for g in selection.groups if g.render is not None]
-        if selection.enabled & groups.SCHEDULERS:  # gpuwatch_gpu_allocated: the scheduler groups' together
-            self._groups.append(("allocated", _allocated, _host_select, None, None, "allocated"))
+        self._groups: list[tuple[str, Any, Any, str | None, str | None]] = [
+            (g.name, g.render, g.select, g.fast, g.slow) for g in selection.groups if g.render is not None]
+        self._groups += [(j.name, j.render, j.select, None, None) for j in selection.joint]  # several groups' together
         self._node_groups = [(g.render_node, g.host or g.name) for g in selection.groups if g.render_node is not None]
         self._per_pid_max = selection.per_pid_max
         # uuid -> its entries: [0] the GPU's own families (identity, up, features), then one per group
@@ -234,14 +213,12 @@ class Renderer:
             fast = state.fresh_fast(now, fast_bound)
             slow = state.fresh_slow(now, slow_bound)
             host = state.fresh_host(now, slow_bound)  # the host groups' reading (slow tier's bound)
-            for i, (_, render, select, fast_attr, slow_attr, host_attr) in enumerate(self._groups, 1):
-                if host_attr is not None:
-                    a, b = (select or _host_select)(state, None, host)
-                elif select is None:
+            for i, (_, render, select, fast_attr, slow_attr) in enumerate(self._groups, 1):
+                if select is None:
                     a = getattr(fast, fast_attr) if fast_attr and fast is not None else None
                     b = getattr(slow, slow_attr) if slow_attr and slow is not None else None
                 else:
-                    a, b = select(state, fast, slow)
+                    a, b = select(state, fast, slow, host)
                 kept = entries[i]
                 if (kept is None or kept.ident is not ident or (kept.a is not a and kept.a != a)
                         or (kept.b is not b and kept.b != b)):  # the same readings: the same lines

@@ -80,7 +80,6 @@ SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
 
 
 HOST: tuple[Group, ...] = tuple(g for g in GROUPS if g.host)  # read on the host, not through NVML
-SCHEDULERS: frozenset[str] = frozenset({"slurm", "kubernetes"})  # the groups behind gpuwatch_gpu_allocated
 
 
 def features_of(enabled: Iterable[str]) -> frozenset[str]:
@@ -240,7 +239,7 @@ def only(sample: Any, enabled: frozenset[str]) -> Any:
     return dataclasses.replace(sample, **changes) if changes else sample
 
 
-__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES", "HOST", "SCHEDULERS",
+__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES", "HOST",
            "SPECS", "FastSample", "Selection",
            "GpuHost", "HostSample", "SlowSample",
            "fast_sample", "flat", "only", "slow_sample", "features_of"]

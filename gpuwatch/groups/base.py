@@ -202,10 +202,10 @@ class Group:
     # that moved between driver branches is given by its name in groups/fieldids.py and resolved per driver
     fields: Mapping[int | str, str] = None  # type: ignore[assignment]
     render: Render | None = None
-    # (GpuState, fresh fast sample, fresh slow sample) -> the two readings render() takes; default:
+    # (GpuState, fresh fast sample, fresh slow sample, fresh GpuHost) -> the two readings render() takes; default:
     # the group's attribute of each sample. For groups whose readings the store keeps (xid counts,
-    # attributed processes). A host group's select gets (GpuState, None, the GPU's fresh GpuHost).
-    select: Callable[[Any, Any, Any], tuple[Any, Any]] | None = None
+    # attributed processes) and host groups (their part of the GPU's GpuHost).
+    select: Callable[[Any, Any, Any, Any], tuple[Any, Any]] | None = None
     # A host group reads no NVML: gpuwatch/hostside/ reads it on the host job's thread every slow
     # interval; ``host`` is the attribute of its reading in HostSample (and GpuHost, for per-GPU ones).
     host: str | None = None

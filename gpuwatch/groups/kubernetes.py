@@ -26,7 +26,7 @@ class PodAllocation:
     gpu_instance: int | None = None  # the MIG GPU instance, for a MIG device
 
 
-def select(state: Any, fast: Any, host: Any) -> tuple[Any, Any]:
+def select(state: Any, fast: Any, slow: Any, host: Any) -> tuple[Any, Any]:
     return None, (None if host is None else host.kubernetes)
 
 

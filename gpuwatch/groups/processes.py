@@ -61,23 +61,20 @@ def _instance(gi: Any) -> int | None:
     return None if gi is None or int(gi) == _NO_INSTANCE else int(gi)
 
 
-def select(state: Any, fast: Any, slow: Any) -> tuple[Any, Any]:
+def select(state: Any, fast: Any, slow: Any, host: Any) -> tuple[Any, Any]:
     """The attributed processes of the last slow poll, while that poll is fresh."""
     return None, (state.workloads if slow is not None else None)
 
 
 def render(emit: Emit, fast: None, workloads: tuple[ProcessInfo, ...] | None) -> None:
+    # gpuwatch_gpu_job_info (this group's spec) is rendered with the slurm group's allocations: groups/joint.py
     memory: dict[tuple[str, str], int] = {}
-    jobs: set[tuple[str, ...]] = set()
     mig_jobs: set[tuple[str, ...]] = set()
     for p in workloads or ():
-        jobs.add((p.scheduler, p.job_id, p.user))
         if p.gpu_instance is not None:
             mig_jobs.add((str(p.gpu_instance), p.scheduler, p.job_id, p.user))
         if p.used_memory_bytes is not None:
             memory[(p.scheduler, p.job_id)] = memory.get((p.scheduler, p.job_id), 0) + p.used_memory_bytes
-    for job in jobs:
-        emit("gpuwatch_gpu_job_info", job, 1)
     for job in mig_jobs:
         emit("gpuwatch_mig_job_info", job, 1)
     for key, used in memory.items():

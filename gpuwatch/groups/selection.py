@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpuwatch.groups.base import Group
+from gpuwatch.groups.joint import JOINT, Joint
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -74,6 +75,11 @@ class Selection:
     def attributed(self) -> tuple[str, ...]:
         """The selected groups whose slow reading is attributed to jobs through /proc (the time it takes is theirs)."""
         return tuple(g.name for g in self.groups if g.attributed)
+
+    @property
+    def joint(self) -> tuple[Joint, ...]:
+        """The joint families' units (groups/joint.py) of which a group is selected."""
+        return tuple(j for j in JOINT if j.of & self.enabled)
 
     @property
     def per_pid_max(self) -> int:

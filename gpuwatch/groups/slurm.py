@@ -18,9 +18,8 @@ GPU a scheduler allocated, 0 on a free one, absent when no source can be read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from gpuwatch.groups.base import Emit, Group
+from gpuwatch.groups.base import Group
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,32 +32,15 @@ class JobAllocation:
     source: str = "devices"  # which told: devices (cgroup v1), scontrol, mapping (the prolog's directory)
 
 
-def select(state: Any, fast: Any, host: Any) -> tuple[Any, Any]:
-    """(the jobs NVML's process list already names, this GPU's Slurm allocations): an allocated
-    job is added to gpuwatch_gpu_job_info only where no process of it is on the GPU."""
-    if host is None or host.slurm is None:
-        return None, None
-    return frozenset((w.scheduler, w.job_id) for w in state.workloads), host.slurm
-
-
-def render(emit: Emit, running: frozenset[tuple[str, str]] | None,
-           allocations: tuple[JobAllocation, ...] | None) -> None:
-    for a in allocations or ():
-        if ("slurm", a.job_id) not in (running or ()):
-            emit("gpuwatch_gpu_job_info", ("slurm", a.job_id, a.user), 1)
-
-
 GROUP = Group(
     name="slurm",
     help="Slurm allocations per GPU: cgroup v1 devices.list, else scontrol show job, else the mapping directory",
     host="slurm",
-    select=select,
-    render=render,
     options={
         "scontrol": ("scontrol", "the scontrol command (a name on PATH or a path); empty: never run it"),
         "scontrol-timeout": (5, "seconds one scontrol call may take before it is killed"),
         "scontrol-backoff": (60, "seconds before a job scontrol could not answer for is asked again"),
         "node-name": ("", "this node's Slurm NodeName (default: the short host name)"),
     },
-    specs=(),  # gpuwatch_gpu_allocated is the scheduler groups' together (catalogue); job_info is processes'
+    specs=(),  # its families are joint ones (groups/joint.py): gpuwatch_gpu_allocated, gpuwatch_gpu_job_info
 )

@@ -146,7 +146,7 @@ class Nvml:
         return None
 
 
-def select(state: Any, fast: Any, slow: Any) -> tuple[Any, Any]:
+def select(state: Any, fast: Any, slow: Any, host: Any) -> tuple[Any, Any]:
     """The readings: the GPU's counts per code and the last time of each (store-kept, replaced at
     every event); nothing on a GPU that has neither events nor counts."""
     if not (state.features.get("xid_events") or state.xid_counts):
