@@ -106,6 +106,7 @@ def window(snap: NodeSnapshot, history=None, now=None, expected=0) -> Window:
 def evaluate(rule_id: str, win: Window, index: int | None = 0, **params) -> Observation | None:
     rule = RULES[rule_id]
     config = build_configs(list(RULES.values()), {rule_id: params} if params else None)[rule_id]
+    win = win.for_rule(rule)  # as the engine passes it: the series the rule declares
     if rule.scope == "node":
         return rule.evaluate(win, config)
     return rule.evaluate(win, uuid_of(index), config)
