@@ -73,3 +73,29 @@ def test_no_module_is_over_500_lines():
     long = {name: n for name, path in modules() if (n := len(path.read_text().splitlines())) > 500}
     assert long == {"gpuwatch.backends.nvml": long.get("gpuwatch.backends.nvml"),
                     "gpuwatch.backends.simulated.faults": long.get("gpuwatch.backends.simulated.faults")}
+
+
+def test_no_rule_family_imports_another():
+    """A rule family (a module of gpuwatch/rules/ with a RULES tuple) imports what families share from
+    gpuwatch/rules/common.py and the contract from base, never from another family."""
+    rules = PACKAGE / "rules"
+    families = {path.stem for path in rules.glob("*.py")
+                if any(isinstance(node, (ast.Assign, ast.AnnAssign)) and "RULES" in ast.unparse(node).split("=")[0]
+                       for node in ast.parse(path.read_text()).body)}
+    assert {"fan", "thermal", "throttle", "health", "interconnect", "workload", "node"} <= families
+    found = []
+    for family in sorted(families):
+        for node in ast.walk(ast.parse((rules / f"{family}.py").read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = "gpuwatch.rules" if node.level else node.module or ""  # a relative import: from the package
+                if node.level and node.module:
+                    base += "." + node.module
+                names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{family} imports {name}" for name in names
+                      if any(name == f"gpuwatch.rules.{other}" or name.startswith(f"gpuwatch.rules.{other}.")
+                             for other in families - {family})]
+    assert found == []
