@@ -7,7 +7,6 @@ the series it declares (Rule.predicates, .columns, .derived) by name.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +60,9 @@ class Window:
         """This window as ``rule`` sees it: the same snapshot, histories and node-wide aggregates
         (``memo``), and the series ``rule`` declares, which ``tally``, ``first_last``, ``column`` and
         ``derive`` read by name. The engine passes each rule its own view."""
-        self._fresh_samples()  # computed once, before the views share it
-        view = copy.copy(self)
+        self._fresh_samples()  # computed once, before the views share it (and _memo, _wrapped: the same dicts)
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
         view._rule = rule
         return view
 
