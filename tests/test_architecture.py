@@ -103,3 +103,29 @@ def test_every_family_is_emitted_by_exactly_one_unit():
                 emitters.setdefault(node.args[0].value, set()).add(unit)
     assert "gpuwatch_gpu_job_info" in emitters
     assert {family: units for family, units in emitters.items() if len(units) > 1} == {}
+
+
+def test_no_rule_family_imports_another():
+    """A rule family (a module of gpuwatch/rules/ with a RULES tuple) imports what families share from
+    gpuwatch/rules/common.py and the contract from base, never from another family."""
+    rules = PACKAGE / "rules"
+    families = {path.stem for path in rules.glob("*.py")
+                if any(isinstance(node, (ast.Assign, ast.AnnAssign)) and "RULES" in ast.unparse(node).split("=")[0]
+                       for node in ast.parse(path.read_text()).body)}
+    assert {"fan", "thermal", "throttle", "health", "interconnect", "workload", "node"} <= families
+    found = []
+    for family in sorted(families):
+        for node in ast.walk(ast.parse((rules / f"{family}.py").read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = "gpuwatch.rules" if node.level else node.module or ""  # a relative import: from the package
+                if node.level and node.module:
+                    base += "." + node.module
+                names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{family} imports {name}" for name in names
+                      if any(name == f"gpuwatch.rules.{other}" or name.startswith(f"gpuwatch.rules.{other}.")
+                             for other in families - {family})]
+    assert found == []

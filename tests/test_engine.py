@@ -7,7 +7,7 @@ import pytest
 from gpuwatch.errors import ConfigError
 from gpuwatch.model import DiscoveredGpu, GpuState, NodeSnapshot, Observation
 from gpuwatch.rules import all_rules
-from gpuwatch.rules.base import Rule, needs
+from gpuwatch.rules.base import GpuRule, needs
 from gpuwatch.rules.engine import Engine, build_configs, check_lookback
 from gpuwatch.store import Store
 from gpuwatch.testing import H200_FEATURES, FakeClock, fast_sample, identity, slow_sample
@@ -24,10 +24,10 @@ def too_hot(window, uuid, config):
 
 
 RULES = (
-    Rule("too_hot", "gpu", "critical", hold_seconds=6, clear_seconds=4, condition="temperature >= limit",
-         evaluate=too_hot, params={"limit": HOT}),
-    Rule("fan_thing", "gpu", "warning", 0, 0, "needs a fan", evaluate=lambda w, u, c: Observation(True),
-         applies=needs("fan")),
+    GpuRule(id="too_hot", severity="critical", hold_seconds=6, clear_seconds=4, condition="temperature >= limit",
+            evaluate=too_hot, params={"limit": HOT}),
+    GpuRule(id="fan_thing", severity="warning", hold_seconds=0, clear_seconds=0, condition="needs a fan",
+            evaluate=lambda w, u, c: Observation(True), applies=needs("fan")),
 )
 
 
@@ -113,8 +113,8 @@ def test_a_rule_with_every_is_evaluated_at_most_that_often_and_keeps_its_state_b
         seen.append(window.now)
         return too_hot(window, uuid, config)
 
-    rules = (Rule("too_hot", "gpu", "critical", hold_seconds=6, clear_seconds=4, condition="temperature >= limit",
-                  evaluate=counting, params={"limit": HOT}, every_seconds=6),)
+    rules = (GpuRule(id="too_hot", severity="critical", hold_seconds=6, clear_seconds=4,
+                     condition="temperature >= limit", evaluate=counting, params={"limit": HOT}, every_seconds=6),)
     node = Node(rules)
     firing = [node.poll(t)["too_hot"].firing for t in (50, 85, 85, 85, 85, 85, 85, 85, 85)]
     assert [b - a for a, b in zip(seen, seen[1:])] == [6.0, 6.0]  # t=2, 8, 14
@@ -127,8 +127,8 @@ def test_a_rule_with_every_is_evaluated_at_most_that_often_and_keeps_its_state_b
 
 
 def test_a_rule_with_every_evaluates_a_new_gpu_at_once():
-    rules = (Rule("too_hot", "gpu", "critical", hold_seconds=0, clear_seconds=0, condition="temperature >= limit",
-                  evaluate=too_hot, params={"limit": HOT}, every_seconds=60),)
+    rules = (GpuRule(id="too_hot", severity="critical", hold_seconds=0, clear_seconds=0,
+                     condition="temperature >= limit", evaluate=too_hot, params={"limit": HOT}, every_seconds=60),)
     node = Node(rules)
     assert not node.poll(75)["too_hot"].firing
     second = DiscoveredGpu(identity(1), H200_FEATURES)

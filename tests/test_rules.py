@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwatch.groups import GpuHost, HostSample
 from gpuwatch.model import (
     FEATURES,
     GpuState,
@@ -23,7 +24,7 @@ from gpuwatch.model import (
     slowdown_headroom,
 )
 from gpuwatch.rules import all_rules
-from gpuwatch.rules.base import Window
+from gpuwatch.rules.base import GpuRule, NodeRule, Rule, UndeclaredSeries, Window, needs
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.rules.health import CRITICAL_XIDS
 from gpuwatch.rules.thermal import project_seconds_to
@@ -106,6 +107,7 @@ def window(snap: NodeSnapshot, history=None, now=None, expected=0) -> Window:
 def evaluate(rule_id: str, win: Window, index: int | None = 0, **params) -> Observation | None:
     rule = RULES[rule_id]
     config = build_configs(list(RULES.values()), {rule_id: params} if params else None)[rule_id]
+    win = win.for_rule(rule)  # as the engine passes it: the series the rule declares
     if rule.scope == "node":
         return rule.evaluate(win, config)
     return rule.evaluate(win, uuid_of(index), config)
@@ -732,3 +734,131 @@ def test_node_power_budget_warns_near_the_budget_and_the_critical_one_takes_over
     calm = _powered([300.0] * 8, 5600.0)
     assert not evaluate("node_power_budget", calm, None).active
     assert evaluate("node_power_budget", _powered([650.0] * 8, None), None) is None  # no budget: no rule
+
+
+# ---------------------------------------------------------------------------------------- the rule contract
+
+
+def _node_of(*temperatures, t=NOW):
+    """A snapshot at ``t`` of H200s at these temperatures (each with a slow sample read at ``t``)."""
+    states = [GpuState(identity=identity(i), features=dict(H200_FEATURES), up=True, fast=h200_fast(temp),
+                       fast_monotonic=t, slow=slow_sample(), slow_monotonic=t) for i, temp in enumerate(temperatures)]
+    return NodeSnapshot(1, "scripted", True, None, None, tuple(states), {}, len(states), t, WALL + t - NOW)
+
+
+def _caches(engine):
+    """("tally" | "column" | "derive", (rule id, name)) of every series the engine's histories keep."""
+    return [(uuid, kind, key) for histories in (engine._history, engine._slow_history)
+            for uuid, history in histories.items() for kind, key in history.cached()]
+
+
+def test_repeated_evaluations_keep_one_cache_per_declared_series_and_gpu():
+    """200 evaluations of every shipped rule (each at every poll), history trimmed and compacted on
+    the way: the caches after the last are those after the first, each one a series its rule declares."""
+    rules = all_rules()
+    engine = Engine(rules, build_configs(rules, {rule.id: {"every": 0} for rule in rules}), 6.0)
+    declared = {(rule.id, name) for rule in rules for name in (*rule.predicates, *rule.columns, *rule.derived)}
+    counts = []
+    for poll in range(200):
+        engine.evaluate(_node_of(55.0 + poll % 3, 60.0, 61.0, 62.0, t=NOW + 2 * poll))
+        counts.append(len(_caches(engine)))
+    assert {key for _, _, key in _caches(engine)} <= declared
+    assert counts[0] > 0 and set(counts) == {counts[0]}  # none made after the first evaluation
+    assert len(_caches(engine)) == len(set(_caches(engine))) <= 4 * len(declared)
+
+
+def _tallying(rule_id, predicates, asks="hot"):
+    """A GpuRule that observes (hits, samples) of its predicate ``asks`` over the last 60 s."""
+    def evaluate(window, uuid, config):
+        hits, samples = window.tally(uuid, 60.0, asks)
+        return Observation(hits > 0, float(hits), float(samples))
+
+    return GpuRule(id=rule_id, severity="warning", hold_seconds=0, clear_seconds=0, condition="A test rule.",
+                   evaluate=evaluate, predicates=predicates)
+
+
+def test_a_series_asked_for_again_and_again_is_one_cache():
+    """The leak this contract closes: a rule asking 200 times (it used to pass a fresh lambda each time,
+    one cache per call) keeps one cache per GPU."""
+    rules = (_tallying("hot_gpu", {"hot": lambda sample: sample.thermal.temperature_celsius >= 80.0}),)
+    engine = Engine(rules, build_configs(rules, None), 6.0)
+    for poll in range(200):
+        (anomaly,) = engine.evaluate(_node_of(85.0, t=NOW + 2 * poll))
+    assert anomaly.firing and anomaly.value == anomaly.threshold > 1  # every sample kept is hot
+    assert _caches(engine) == [(uuid_of(0), "tally", ("hot_gpu", "hot"))]
+
+
+def test_an_undeclared_series_is_an_error_naming_the_rule_and_the_name_never_a_cache():
+    rule = _tallying("hot_gpu", {"hot": lambda sample: True}, asks="warm")
+    win = window(snapshot(gpu(0)))
+    with pytest.raises(UndeclaredSeries, match="rule 'hot_gpu' reads predicates 'warm', which it does not "
+                                               "declare \\(its predicates: hot\\)"):
+        rule.evaluate(win.for_rule(rule), uuid_of(0), rule.default_config())
+    with pytest.raises(UndeclaredSeries, match="for no rule"):  # the engine's own Window declares nothing
+        win.tally(uuid_of(0), 60.0, "hot")
+    with pytest.raises(UndeclaredSeries, match="rule 'thermal_runaway' reads columns 'activity'"):
+        win.for_rule(RULES["thermal_runaway"]).column(uuid_of(0), "activity")  # another rule's series
+    assert win.history(uuid_of(0)).cached() == []
+    engine = Engine((rule,), build_configs((rule,), None), 6.0)  # in the engine: a failing rule, counted
+    engine.evaluate(_node_of(85.0))
+    assert engine.counters()[1] == {"hot_gpu": 1} and _caches(engine) == []
+
+
+def test_two_rules_declaring_the_same_name_keep_their_own_series():
+    rules = (_tallying("above_80", {"hot": lambda sample: sample.thermal.temperature_celsius >= 80.0}),
+             _tallying("above_60", {"hot": lambda sample: sample.thermal.temperature_celsius >= 60.0}))
+    engine = Engine(rules, build_configs(rules, None), 6.0)
+    for poll in range(10):
+        result = {a.rule: a for a in engine.evaluate(_node_of(70.0 + 20.0 * (poll % 2), t=NOW + 2 * poll))}
+    above_80, above_60 = result["above_80"], result["above_60"]
+    assert above_60.value == above_60.threshold == 4  # the samples kept (6 s at 2 s polls), every one over 60
+    assert above_80.value == 2  # 90, 70, 90, 70: half over 80
+    assert sorted(key for _, _, key in _caches(engine)) == [("above_60", "hot"), ("above_80", "hot")]
+
+
+def test_rule_kinds_check_their_evaluators():
+    """A GpuRule evaluates (window, uuid, config), a NodeRule (window, config): mypy checks the shipped
+    rules; a rule it does not see (an untyped lambda) fails when made, not at its first evaluation."""
+    common = dict(severity="warning", hold_seconds=0, clear_seconds=0, condition="A test rule.")
+    assert GpuRule(id="g", evaluate=lambda w, u, c: None, **common).scope == "gpu"
+    assert NodeRule(id="n", evaluate=lambda w, c: None, **common).scope == "node"
+    with pytest.raises(TypeError, match="rule 'g': a gpu rule's evaluate takes \\(window, uuid, config\\)"):
+        GpuRule(id="g", evaluate=lambda w, c: None, **common)
+    with pytest.raises(TypeError, match="rule 'n': a node rule's evaluate takes \\(window, config\\)"):
+        NodeRule(id="n", evaluate=lambda w, u, c: None, **common)
+    with pytest.raises(TypeError, match="make a GpuRule or a NodeRule"):
+        Rule(id="r", **common)
+    assert all(isinstance(rule, GpuRule if rule.scope == "gpu" else NodeRule) for rule in all_rules())
+    twice = (GpuRule(id="g", evaluate=lambda w, u, c: None, applies=needs("fan"), **common),) * 2
+    with pytest.raises(ValueError, match="duplicate rule ids: \\['g'\\]"):
+        Engine(twice, build_configs(twice[:1], None), 6.0)
+
+
+def test_a_slow_sample_is_fresh_up_to_the_slow_staleness_bound_and_not_a_moment_after():
+    """Window.slow_fresh is the one test: a slow sample (or a host read) exactly as old as the slow
+    tier's bound is seen, one a millisecond older is not, and every rule that reads one says "cannot
+    tell" then; without a bound (the engine's host_staleness None) any age is seen."""
+    ecc = slow_sample(ecc_errors={("uncorrected", "volatile"): 2, ("uncorrected", "aggregate"): 2})
+
+    def win(age, bound=30.0, **state):
+        snap = snapshot(gpu(0, slow=ecc, slow_age=age, **state))
+        snap = dataclasses.replace(snap, host=HostSample(), host_monotonic=NOW - age)
+        return Window(snap, {}, 6.0, slow_staleness=bound)
+
+    at, past = win(30.0), win(30.001)
+    assert at.slow(uuid_of(0)) is ecc and past.slow(uuid_of(0)) is None
+    assert evaluate("ecc_uncorrectable", at).active and evaluate("ecc_uncorrectable", past) is None
+    host = GpuHost(None, None)
+    assert win(30.0, host=host, host_monotonic=NOW - 30.0).host(uuid_of(0)) is host
+    assert win(30.0, host=host, host_monotonic=NOW - 30.001).host(uuid_of(0)) is None
+    assert at.slow_fresh(NOW - 30.0) and not at.slow_fresh(NOW - 30.001) and not at.slow_fresh(None)
+    assert win(3600.0, bound=None).slow(uuid_of(0)) is ecc  # no bound: any age
+    assert win(0.0, up=False).slow(uuid_of(0)) is None  # a GPU that does not answer: cannot tell
+    down = Window(snapshot(gpu(0, slow=ecc), backend_up=False), {}, 6.0)
+    assert down.slow(uuid_of(0)) is None
+    rules = [RULES["ecc_uncorrectable"]]  # and in the engine, with the agent's bound (host_staleness)
+    engine = Engine(rules, build_configs(rules, None), 6.0, host_staleness=30.0)
+    state = gpu(0, slow=ecc, slow_age=0.0)
+    assert engine.evaluate(snapshot(state), now=NOW + 30.0, wall=WALL + 30.0)[0].firing
+    engine = Engine(rules, build_configs(rules, None), 6.0, host_staleness=30.0)
+    assert not engine.evaluate(snapshot(state), now=NOW + 30.001, wall=WALL + 30.001)[0].firing

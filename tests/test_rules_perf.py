@@ -25,12 +25,13 @@ from gpuwatch.model import (
     Observation,
     decode_clocks_event_reasons,
 )
-from gpuwatch.rules import all_rules, thermal
-from gpuwatch.rules import base as rules_base
+from gpuwatch.rules import all_rules, common, thermal
+from gpuwatch.rules import history as rules_history
 from gpuwatch.rules.base import History, Window
+from gpuwatch.rules.common import counter_share, sample_share
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.rules.health import _sample_near
-from gpuwatch.rules.thermal import THERMAL_COUNTERS, THERMAL_REASONS, counter_share, sample_share
+from gpuwatch.rules.thermal import THERMAL_COUNTERS, THERMAL_REASONS
 from gpuwatch.testing import H200_FEATURES, fast_sample, identity, slow_sample
 from gpuwatch.trace import encode_fast
 
@@ -119,7 +120,7 @@ def ref_thermal_outlier(window, uuid, config):
     delta = temp - median
     return Observation(
         delta >= config["delta_celsius"], delta, config["delta_celsius"],
-        f"{thermal.gpu_label(window, uuid)} at {temp:.0f} °C, {delta:+.0f} °C from the median of {len(temps)} "
+        f"{common.gpu_label(window, uuid)} at {temp:.0f} °C, {delta:+.0f} °C from the median of {len(temps)} "
         f"peers drawing about the same power ({power:.0f} W)",
     )
 
@@ -177,22 +178,25 @@ def test_windowed_helpers_match_the_reference_through_append_trim_and_compaction
         assert history.items[history.start:] == plain
         now = t + rng.choice([0.0, 0.0, 0.7, 3.0])  # evaluated after the poll, or on the timer
         win = Window(snapshot_of([state_of(0, sample, t)], t), {uuid: history}, 6.0, now=now)
+        # each helper as the rule that declares its series sees the window
+        heat, brake = win.for_rule(RULES["thermal_throttling"]), win.for_rule(RULES["power_brake"])
+        slowdown, runaway = win.for_rule(RULES["hw_slowdown"]), win.for_rule(RULES["thermal_runaway"])
         for seconds in (30.0, 60.0, 61.3, WINDOW):
             series = ref_series(plain, now, seconds)
             assert win.series(uuid, seconds) == series
-            assert counter_share(win, uuid, THERMAL_COUNTERS, seconds) == ref_counter_share(series, THERMAL_COUNTERS)
-            assert counter_share(win, uuid, ("hw_power_brake_slowdown",), seconds) == \
+            assert counter_share(heat, uuid, THERMAL_COUNTERS, seconds) == ref_counter_share(series, THERMAL_COUNTERS)
+            assert counter_share(brake, uuid, ("hw_power_brake_slowdown",), seconds) == \
                 ref_counter_share(series, ("hw_power_brake_slowdown",))
-            assert sample_share(win, uuid, THERMAL_REASONS, seconds) == ref_sample_share(series, THERMAL_REASONS)
+            assert sample_share(heat, uuid, "thermal_slowdown", seconds) == ref_sample_share(series, THERMAL_REASONS)
             unless = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
-            assert sample_share(win, uuid, ("hw_slowdown",), seconds, unless=unless) == \
+            assert sample_share(slowdown, uuid, "hw_slowdown", seconds) == \
                 ref_sample_share(series, ("hw_slowdown",), unless)
             points = [(pt, s.thermal.temperature_celsius) for pt, s in series if s.thermal.temperature_celsius is not None]
             expected = ref_block_means(points, now - seconds, seconds / 3) if points else None
-            assert thermal._block_means(win, uuid, seconds) == expected, (step, seconds)
+            assert thermal._block_means(runaway, uuid, seconds) == expected, (step, seconds)
         when = t - rng.choice([0.0, 1.0, 4.0, 6.0, 20.0, 31.0])
         assert _sample_near(win, uuid, when) is ref_sample_near(plain, now, when, 6.0)
-    assert len(history.items) <= WINDOW / 0.5 + rules_base._CHUNK + 1  # the window + one chunk, not growing
+    assert len(history.items) <= WINDOW / 0.5 + rules_history._CHUNK + 1  # the window + one chunk, not growing
 
 
 @pytest.mark.parametrize("seed", range(25))
@@ -268,18 +272,20 @@ def test_history_evaluates_a_predicate_once_per_sample_however_often_asked():
         return sample % 2 == 1
 
     history = History()
+    key = ("a_rule", "odd")  # the (rule id, name) of a declared series
     for i in range(1000):
         history.append(float(i), i)
         history.trim(i - 100.0)
-        for _ in range(3):  # three rules asking the same question
-            hits, samples = history.tally(odd, i - 30.0)
+        for _ in range(3):  # three GPUs' evaluations asking the same question
+            hits, samples = history.tally(key, odd, i - 30.0)
             assert (hits, samples) == (sum(1 for k in range(i - 30, i + 1) if k >= 0 and k % 2), min(i + 1, 31))
-            first, last = history.first_last(odd, i - 30.0) or (None, None)
+            first, last = history.first_last(key, odd, i - 30.0) or (None, None)
             if i >= 1:
                 assert first[1] == next(k for k in range(max(0, i - 30), i + 1) if k % 2)
                 assert last[1] == (i if i % 2 else i - 1)
-    assert len(calls) <= 1000 + rules_base._CHUNK  # once each (a column restarted after compaction at most)
-    assert len(history.items) <= 101 + rules_base._CHUNK + 1
+    assert len(calls) <= 1000 + rules_history._CHUNK  # once each (a column restarted after compaction at most)
+    assert len(history.items) <= 101 + rules_history._CHUNK + 1
+    assert history.cached() == [("tally", key)]
 
 
 def test_history_derive_recomputes_only_when_its_samples_change():
@@ -290,10 +296,11 @@ def test_history_derive_recomputes_only_when_its_samples_change():
         return sum(sample for _, sample in history.items[lo:])
 
     history = History((float(t), t) for t in range(10))
-    assert history.derive(total, total, 5.0) == 5 + 6 + 7 + 8 + 9
-    assert history.derive(total, total, 4.5) == 35 and len(computed) == 1  # the same samples
+    key = ("a_rule", "total")
+    assert history.derive(key, total, 5.0) == 5 + 6 + 7 + 8 + 9
+    assert history.derive(key, total, 4.5) == 35 and len(computed) == 1  # the same samples
     history.append(10.0, 10)
-    assert history.derive(total, total, 5.0) == 45 and len(computed) == 2
+    assert history.derive(key, total, 5.0) == 45 and len(computed) == 2
 
 
 def test_the_latest_snapshot_wins_over_one_taken_earlier_and_evaluated_later():

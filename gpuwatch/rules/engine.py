@@ -27,7 +27,7 @@ from gpuwatch.groups.memory import Memory
 from gpuwatch.groups.power import Power as _Power
 from gpuwatch.logs import get_logger
 from gpuwatch.model import SEVERITIES, Anomaly, FastSample, GpuState, NodeSnapshot, Observation, SlowSample
-from gpuwatch.rules.base import History, Needs, Rule, RuleConfig, Window, everywhere
+from gpuwatch.rules.base import GpuRule, History, Needs, NodeRule, Rule, RuleConfig, Window, everywhere
 
 DEFAULT_WINDOW_SECONDS = 300.0  # config.Config.rules_window's default
 
@@ -185,12 +185,19 @@ class Engine:
     least ``min_history_seconds`` (the slow interval and a fast staleness bound: pcie_link_degraded
     finds the fast sample of the time the last slow sample was read), plus one fast staleness
     bound; never more than the window. By default 66 s: at 0.5 s polls 123 samples per GPU, not 600.
+
+    ``host_staleness`` is the slow tier's staleness bound: the oldest slow sample or host read a
+    rule sees (Window.slow_fresh; None: any age). Rule ids must be unique: the engine keeps each
+    rule's state, and the histories each rule's series, under its id (ValueError otherwise).
     """
 
     def __init__(self, rules: Sequence[Rule], configs: Mapping[str, RuleConfig], fast_staleness: float,
                  window_seconds: float = DEFAULT_WINDOW_SECONDS, expected_gpus: int = 0,
                  min_history_seconds: float = 0.0, host_staleness: float | None = None) -> None:
         self._rules = list(rules)
+        ids = [rule.id for rule in self._rules]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"duplicate rule ids: {sorted({i for i in ids if ids.count(i) > 1})}")
         self._window_seconds = window_seconds
         self._min_history = min_history_seconds
         self._configs = dict(configs)
@@ -289,8 +296,8 @@ class Engine:
 
     def _evaluate(self, snap: NodeSnapshot, now: float, wall: float) -> tuple[Anomaly, ...]:
         self._remember(snap)
-        window = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now,
-                        self._slow_history, self._host_staleness)
+        node = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now,
+                      self._slow_history, self._host_staleness)
         gpus = snap.gpus
         plan = self._plan(gpus)
         labels = [str(state.identity.index) for state in gpus]
@@ -301,15 +308,17 @@ class Engine:
             if not config.enabled:
                 continue
             every = config.every_seconds
-            targets = None if rule.scope == "node" else plan[rule.id]
+            per_node = isinstance(rule, NodeRule)
+            targets = None if per_node else plan[rule.id]
             if every:  # evaluated less than ``every`` ago, on the same GPUs: its last states again
                 kept = self._kept.get(rule.id)
-                if (kept is not None and kept[1] is targets and (targets is not None or rule.scope == "node")
+                if (kept is not None and kept[1] is targets and (targets is not None or per_node)
                         and 0.0 <= now - kept[0] < every):
                     result.extend(kept[2])
                     continue
             first = len(result)
-            if rule.scope == "node":
+            window = node.for_rule(rule)  # the series the rule declares, under (rule id, name)
+            if isinstance(rule, NodeRule):
                 try:
                     obs = rule.evaluate(window, config)
                 except Exception as exc:
@@ -319,6 +328,7 @@ class Engine:
                 if every:
                     self._kept[rule.id] = (now, None, result[first:])
                 continue
+            assert isinstance(rule, GpuRule)  # the two kinds of Rule
             evaluate = rule.evaluate
             kept_targets = targets
             if targets is None:  # an ``applies`` that may look at more than the features: ask every time
@@ -346,7 +356,7 @@ class Engine:
                             hint="a bug in this rule: its state on this GPU is frozen, the other rules and GPUs are "
                                  "evaluated as usual (gpuwatch_rule_evaluation_errors_total); please report it")
 
-    def _applies(self, rule: Rule, state: GpuState) -> bool:
+    def _applies(self, rule: GpuRule, state: GpuState) -> bool:
         try:
             return rule.applies(state)
         except Exception as exc:
@@ -363,6 +373,8 @@ class Engine:
         if signature != self._signature:  # the same mappings, or equal ones in the same order: the same plan
             plan: dict[str, list[int] | None] = {}
             for rule in self._rules:
+                if not isinstance(rule, GpuRule):
+                    continue
                 applies = rule.applies
                 if applies is everywhere:
                     plan[rule.id] = list(range(len(gpus)))

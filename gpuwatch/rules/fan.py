@@ -13,8 +13,8 @@ import functools
 import statistics
 
 from gpuwatch.model import FanReading, FastSample, Observation, slowdown_headroom
-from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
-from gpuwatch.rules.thermal import gpu_label
+from gpuwatch.rules.base import GpuRule, RuleConfig, Window, needs
+from gpuwatch.rules.common import gpu_label
 
 
 def _pct(ratio: float | None) -> str:
@@ -119,10 +119,9 @@ def _fan_at_max(window: Window, uuid: str, config: RuleConfig) -> Observation | 
     )
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
+RULES: tuple[GpuRule, ...] = (
+    GpuRule(
         id="fan_stalled",
-        scope="gpu",
         severity="critical",
         hold_seconds=10.0,
         clear_seconds=30.0,
@@ -133,9 +132,8 @@ RULES: tuple[Rule, ...] = (
                 "warm_margin_celsius": 30.0},
         applies=needs("fan"),
     ),
-    Rule(
+    GpuRule(
         id="fan_not_tracking",
-        scope="gpu",
         severity="warning",
         hold_seconds=90.0,
         clear_seconds=60.0,
@@ -147,9 +145,8 @@ RULES: tuple[Rule, ...] = (
         applies=needs("fan", "fan_target"),
         lookback={"window_seconds": "fast"},
     ),
-    Rule(
+    GpuRule(
         id="fan_at_max",
-        scope="gpu",
         severity="warning",
         hold_seconds=60.0,
         clear_seconds=60.0,

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from gpuwatch.groups.recovery import ACTIONS as RECOVERY_ACTIONS
 from gpuwatch.groups.xid import CRITICAL_XIDS as CRITICAL_XID_CODES
 from gpuwatch.groups.xid import XIDS
-from gpuwatch.model import FastSample, GpuState, Observation, SlowSample
-from gpuwatch.rules.base import History, Rule, RuleConfig, Window, needs
-from gpuwatch.rules.thermal import gpu_label
+from gpuwatch.model import FastSample, Observation, SlowSample
+from gpuwatch.rules.base import GpuRule, History, RuleConfig, Window, needs
+from gpuwatch.rules.common import gpu_label
 
 #: XID codes that mean the GPU (not the application) is in trouble, with their meanings: the critical
 #: rows of gpuwatch's one XID table (gpuwatch/groups/xid.py, from NVIDIA's Xid catalog). Application
@@ -24,19 +24,6 @@ from gpuwatch.rules.thermal import gpu_label
 #: row_remap_pending and retired_pages_pending cover it) and 94 (contained ECC error: ecc_uncorrectable
 #: covers it), nor 154 (the recovery action changed: recovery_action_required covers it).
 CRITICAL_XIDS: Mapping[int, str] = {code: XIDS[code][0] for code in sorted(CRITICAL_XID_CODES)}
-
-
-def up_state(window: Window, uuid: str) -> GpuState | None:
-    """The GPU's state if it is answering and the backend is up; None: its readings are stale."""
-    state = window.gpu(uuid)
-    if state is None or not state.up or not window.latest.backend_up:
-        return None
-    return state
-
-
-def slow_of(window: Window, uuid: str) -> SlowSample | None:
-    state = up_state(window, uuid)
-    return None if state is None else state.slow
 
 
 # ------------------------------------------------------------------------------------ lost
@@ -90,7 +77,7 @@ def _xid_critical(window: Window, uuid: str, config: RuleConfig) -> Observation 
 
 
 def _recovery_action_required(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = slow_of(window, uuid)
+    slow = window.slow(uuid)
     action = None if slow is None else slow.recovery.recovery_action
     if action is None:
         return None
@@ -109,7 +96,7 @@ def _recovery_action_required(window: Window, uuid: str, config: RuleConfig) -> 
 
 
 def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = slow_of(window, uuid)
+    slow = window.slow(uuid)
     if slow is None:
         return None
     count = slow.ecc.ecc_errors.get(("uncorrected", "volatile"))
@@ -127,7 +114,7 @@ def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observa
 
 def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str, RuleConfig], Observation | None]:
     def evaluate(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-        slow = slow_of(window, uuid)
+        slow = window.slow(uuid)
         flag = None if slow is None else getattr(slow.ecc, field)
         if flag is None:
             return None
@@ -167,8 +154,8 @@ def _sample_near(window: Window, uuid: str, when: float | None) -> FastSample | 
 
 
 def _pcie_link_degraded(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    state = up_state(window, uuid)
-    slow = None if state is None else state.slow
+    slow = window.slow(uuid)
+    state = window.gpu(uuid)
     fast = window.fast(uuid)
     if state is None or slow is None or fast is None:
         return None
@@ -224,11 +211,11 @@ def _replays(history: History[SlowSample], lo: int) -> tuple[int, float, int]:
 
 
 def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = slow_of(window, uuid)
+    slow = window.slow(uuid)
     if slow is None or slow.pcie.pcie_replays is None:
         return None
     lookback, per_minute = config["lookback_seconds"], config["min_per_minute"]
-    readings, span, increase = window.slow_history(uuid).derive(_replays, _replays, window.since(lookback))
+    readings, span, increase = window.slow_derive(uuid, lookback, "replays")
     if readings < 2 or span < lookback / 5:
         return None
     rate = increase / span * 60.0
@@ -237,10 +224,9 @@ def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Obser
                                f"{span / 60:.0f} min ({slow.pcie.pcie_replays} since the last reset)")
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
+RULES: tuple[GpuRule, ...] = (
+    GpuRule(
         id="gpu_lost",
-        scope="gpu",
         severity="critical",
         hold_seconds=10.0,
         clear_seconds=30.0,
@@ -248,9 +234,8 @@ RULES: tuple[Rule, ...] = (
                   "backend itself is up.",
         evaluate=_gpu_lost,
     ),
-    Rule(
+    GpuRule(
         id="xid_critical",
-        scope="gpu",
         severity="critical",
         hold_seconds=0.0,
         clear_seconds=0.0,
@@ -261,9 +246,8 @@ RULES: tuple[Rule, ...] = (
         params={"lookback_seconds": 900.0},
         applies=needs("xid_events"),
     ),
-    Rule(
+    GpuRule(
         id="recovery_action_required",
-        scope="gpu",
         severity="critical",
         hold_seconds=0.0,
         clear_seconds=60.0,
@@ -274,9 +258,8 @@ RULES: tuple[Rule, ...] = (
         evaluate=_recovery_action_required,
         applies=needs("recovery_action"),
     ),
-    Rule(
+    GpuRule(
         id="ecc_uncorrectable",
-        scope="gpu",
         severity="critical",
         hold_seconds=0.0,
         clear_seconds=60.0,
@@ -287,9 +270,8 @@ RULES: tuple[Rule, ...] = (
         params={"min_count": 1.0},
         applies=needs("ecc"),
     ),
-    Rule(
+    GpuRule(
         id="row_remap_failed",
-        scope="gpu",
         severity="critical",
         hold_seconds=0.0,
         clear_seconds=60.0,
@@ -299,9 +281,8 @@ RULES: tuple[Rule, ...] = (
                             "no row remapping failure"),
         applies=needs("remapped_rows"),
     ),
-    Rule(
+    GpuRule(
         id="row_remap_pending",
-        scope="gpu",
         severity="warning",
         hold_seconds=0.0,
         clear_seconds=60.0,
@@ -311,9 +292,8 @@ RULES: tuple[Rule, ...] = (
                             "no row remap pending"),
         applies=needs("remapped_rows"),
     ),
-    Rule(
+    GpuRule(
         id="retired_pages_pending",
-        scope="gpu",
         severity="warning",
         hold_seconds=0.0,
         clear_seconds=60.0,
@@ -324,9 +304,8 @@ RULES: tuple[Rule, ...] = (
                             "no page retirement pending"),
         applies=needs("retired_pages"),
     ),
-    Rule(
+    GpuRule(
         id="pcie_link_degraded",
-        scope="gpu",
         severity="warning",
         hold_seconds=60.0,
         clear_seconds=60.0,
@@ -337,9 +316,8 @@ RULES: tuple[Rule, ...] = (
         params={"busy_utilization_ratio": 0.5},
         applies=needs("pcie", "utilization"),
     ),
-    Rule(
+    GpuRule(
         id="pcie_replays_rising",
-        scope="gpu",
         severity="warning",
         hold_seconds=0.0,
         clear_seconds=60.0,
@@ -351,5 +329,6 @@ RULES: tuple[Rule, ...] = (
         params={"lookback_seconds": 300.0, "min_per_minute": 8.0},
         applies=needs("pcie"),
         lookback={"lookback_seconds": "slow"},
+        derived={"replays": _replays},
     ),
 )

@@ -10,26 +10,25 @@ from collections.abc import Mapping
 
 from gpuwatch.groups.fabric import Fabric
 from gpuwatch.model import Observation, SlowSample
-from gpuwatch.rules.base import History, Rule, RuleConfig, Window, needs
-from gpuwatch.rules.health import slow_of, up_state
-from gpuwatch.rules.thermal import gpu_label
+from gpuwatch.rules.base import GpuRule, History, RuleConfig, Window, needs
+from gpuwatch.rules.common import gpu_label
 
 # ---------------------------------------------------------------------------------- links
 
 
 def _links_by_model(window: Window) -> dict[str, list[tuple[str, Mapping[str, bool]]]]:
-    """GPU model -> (uuid, link -> active) of the node's answering GPUs with NVLink readings."""
+    """GPU model -> (uuid, link -> active) of the node's answering GPUs with fresh NVLink readings."""
     by_model: dict[str, list[tuple[str, Mapping[str, bool]]]] = {}
     for state in window.latest.gpus:
-        slow = state.slow
-        if state.up and slow is not None and slow.nvlink.nvlink_up:
+        slow = window.slow(state.identity.uuid)
+        if slow is not None and slow.nvlink.nvlink_up:
             by_model.setdefault(state.identity.name, []).append((state.identity.uuid, slow.nvlink.nvlink_up))
     return by_model
 
 
 def _nvlink_link_down(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    state = up_state(window, uuid)
-    slow = None if state is None else state.slow
+    slow = window.slow(uuid)
+    state = window.gpu(uuid)
     if state is None or slow is None or not slow.nvlink.nvlink_up:
         return None
     nv = slow.nvlink
@@ -77,11 +76,11 @@ def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[
 
 
 def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = slow_of(window, uuid)
+    slow = window.slow(uuid)
     if slow is None or not (slow.nvlink.nvlink_errors or slow.nvlink.nvlink_bit_error_rate):
         return None
     lookback = config["lookback_seconds"]
-    readings, span, increase = window.slow_history(uuid).derive(_increases, _increases, window.since(lookback))
+    readings, span, increase = window.slow_derive(uuid, lookback, "increases")
     ber = slow.nvlink.nvlink_bit_error_rate.get("effective")
     ber_limit = config["max_effective_ber"]
     ber_bad = ber is not None and ber > ber_limit  # DCGM: exactly 1e-12 is not exceeded
@@ -119,7 +118,7 @@ def _positive(limit: float) -> float:
 
 def _fabric(window: Window, uuid: str) -> Fabric | None:
     """The GPU's fabric reading, if it is answering and registers with a fabric."""
-    slow = slow_of(window, uuid)
+    slow = window.slow(uuid)
     return None if slow is None or slow.fabric.fabric_state is None else slow.fabric
 
 
@@ -161,10 +160,9 @@ def _fabric_degraded(window: Window, uuid: str, config: RuleConfig) -> Observati
     return Observation(degraded, float(len(issues) + (verdict in ("unhealthy", "limited_capacity"))), 0.0, summary)
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
+RULES: tuple[GpuRule, ...] = (
+    GpuRule(
         id="nvlink_link_down",
-        scope="gpu",
         severity="critical",
         hold_seconds=30.0,
         clear_seconds=60.0,
@@ -174,9 +172,8 @@ RULES: tuple[Rule, ...] = (
         evaluate=_nvlink_link_down,
         applies=needs("nvlink"),
     ),
-    Rule(
+    GpuRule(
         id="nvlink_errors_rising",
-        scope="gpu",
         severity="warning",
         hold_seconds=120.0,
         clear_seconds=300.0,
@@ -191,10 +188,10 @@ RULES: tuple[Rule, ...] = (
                 "recovery_per_minute": 1.0, "effective_per_minute": 10.0, "max_effective_ber": 1e-12},
         applies=needs("nvlink"),
         lookback={"lookback_seconds": "slow"},
+        derived={"increases": _increases},
     ),
-    Rule(
+    GpuRule(
         id="fabric_not_ready",
-        scope="gpu",
         severity="critical",
         hold_seconds=120.0,
         clear_seconds=30.0,
@@ -205,9 +202,8 @@ RULES: tuple[Rule, ...] = (
         evaluate=_fabric_not_ready,
         applies=needs("fabric"),
     ),
-    Rule(
+    GpuRule(
         id="fabric_degraded",
-        scope="gpu",
         severity="warning",
         hold_seconds=60.0,
         clear_seconds=60.0,
@@ -225,7 +221,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def _c2c_link_down(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
-    slow = slow_of(window, uuid)
+    slow = window.slow(uuid)
     if slow is None or not slow.c2c.c2c_up:
         return None
     c2c = slow.c2c
@@ -247,9 +243,8 @@ def _c2c_link_down(window: Window, uuid: str, config: RuleConfig) -> Observation
 
 
 RULES = RULES + (
-    Rule(
+    GpuRule(
         id="c2c_link_down",
-        scope="gpu",
         severity="critical",
         hold_seconds=30.0,
         clear_seconds=60.0,

@@ -14,7 +14,7 @@ fires while a poll hangs in NVML and no new snapshot arrives.
 from __future__ import annotations
 
 from gpuwatch.model import Observation
-from gpuwatch.rules.base import Rule, RuleConfig, Window
+from gpuwatch.rules.base import NodeRule, RuleConfig, Window
 
 
 def _backend_down(window: Window, config: RuleConfig) -> Observation:
@@ -105,10 +105,9 @@ def _node_power_over_budget(window: Window, config: RuleConfig) -> Observation |
     return _budget(window, True, config)
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
+RULES: tuple[NodeRule, ...] = (
+    NodeRule(
         id="backend_down",
-        scope="node",
         severity="critical",
         hold_seconds=10.0,
         clear_seconds=30.0,
@@ -116,9 +115,8 @@ RULES: tuple[Rule, ...] = (
                   "mismatch, or no GPU visible at all.",
         evaluate=_backend_down,
     ),
-    Rule(
+    NodeRule(
         id="collection_stalled",
-        scope="node",
         severity="critical",
         hold_seconds=20.0,
         clear_seconds=30.0,
@@ -127,9 +125,8 @@ RULES: tuple[Rule, ...] = (
         evaluate=_collection_stalled,
         params={"staleness_factor": 1.0},
     ),
-    Rule(
+    NodeRule(
         id="gpu_missing",
-        scope="node",
         severity="critical",
         hold_seconds=10.0,
         clear_seconds=30.0,
@@ -137,9 +134,8 @@ RULES: tuple[Rule, ...] = (
                   "most seen since start).",
         evaluate=_gpu_missing,
     ),
-    Rule(
+    NodeRule(
         id="node_power_budget",
-        scope="node",
         severity="warning",
         hold_seconds=300.0,
         clear_seconds=120.0,
@@ -149,9 +145,8 @@ RULES: tuple[Rule, ...] = (
         evaluate=_node_power_budget,
         params={"warn_ratio": 0.9, "over_ratio": 1.0},
     ),
-    Rule(
+    NodeRule(
         id="node_power_over_budget",
-        scope="node",
         severity="critical",
         hold_seconds=30.0,
         clear_seconds=120.0,

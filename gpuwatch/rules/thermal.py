@@ -9,77 +9,15 @@ only T.Limit thresholds, captures/linux-x86_64__nvidia-h200__590.48.01.txt: slow
 from __future__ import annotations
 
 import bisect
-import functools
 import math
-from collections.abc import Callable
 
 from gpuwatch.model import FastSample, Observation, slowdown_headroom
-from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
+from gpuwatch.rules.base import GpuRule, RuleConfig, Window, needs
+from gpuwatch.rules.common import counter_share, counters, gpu_label, reasons_active, sample_share
 
 THERMAL_REASONS: tuple[str, ...] = ("hw_thermal_slowdown", "sw_thermal_slowdown")
 # Cumulative counters that count thermal throttle time (gpuwatch_clocks_event_seconds_total{reason}).
 THERMAL_COUNTERS: tuple[str, ...] = ("thermal", "hw_thermal_slowdown", "sw_thermal_slowdown")
-
-
-def gpu_label(window: Window, uuid: str) -> str:
-    """"GPU 3" (the NVML index), for summaries."""
-    state = window.gpu(uuid)
-    return _label(state.identity.index) if state is not None else uuid
-
-
-@functools.lru_cache(maxsize=1024)
-def _label(index: int) -> str:
-    return f"GPU {index}"
-
-
-@functools.cache
-def has_counter(reason: str) -> Callable[[FastSample], bool]:
-    """Predicate "the sample has the ``reason`` throttle-time counter" (one function per reason,
-    as Window.first_last wants)."""
-    return lambda sample: reason in sample.clocks.clocks_event_seconds
-
-
-@functools.cache
-def reasons_active(reasons: tuple[str, ...], unless: tuple[str, ...] = ()) -> Callable[[FastSample], bool]:
-    """Predicate "any of ``reasons`` and none of ``unless`` is active in the sample" (one function
-    per argument pair, as Window.tally wants)."""
-
-    def predicate(sample: FastSample) -> bool:
-        active = sample.clocks.clocks_event_active
-        return any(active.get(r, False) for r in reasons) and not any(active.get(r, False) for r in unless)
-
-    return predicate
-
-
-def counter_share(window: Window, uuid: str, reasons: tuple[str, ...], seconds: float) -> float | None:
-    """Largest share of the last ``seconds`` that any of the ``reasons`` counters counted.
-
-    From the cumulative clocks_event_seconds counters (NVML violation / throttle time), so nothing
-    that happened between two polls is missed. None when no counter has two readings. Only the
-    first and the last reading of the window are read.
-    """
-    best: float | None = None
-    for reason in reasons:
-        ends = window.first_last(uuid, seconds, has_counter(reason))
-        if ends is None:
-            continue
-        (t0, s0), (t1, s1) = ends
-        v0, v1 = s0.clocks.clocks_event_seconds[reason], s1.clocks.clocks_event_seconds[reason]
-        if t1 <= t0 or v1 < v0:  # one reading, or a counter reset (driver reload): nothing to say this window
-            continue
-        share = min(1.0, (v1 - v0) / (t1 - t0))
-        best = share if best is None else max(best, share)
-    return best
-
-
-def sample_share(window: Window, uuid: str, reasons: tuple[str, ...], seconds: float,
-                 unless: tuple[str, ...] = ()) -> float | None:
-    """Share of the fast samples of the last ``seconds`` with any of ``reasons`` active (and none
-    of ``unless``); None without samples."""
-    hits, samples = window.tally(uuid, seconds, reasons_active(reasons, unless))
-    if not samples:
-        return None
-    return hits / samples
 
 
 # ------------------------------------------------------------------------------------ overheating
@@ -133,7 +71,7 @@ def _block_means(window: Window, uuid: str, span: float) -> list[float] | None:
 
     b1 = bisect.bisect_left(history.times, 1, lo, end, key=block)
     b2 = bisect.bisect_left(history.times, 2, b1, end, key=block)
-    temperatures = history.column(_temperature)
+    temperatures = window.column(uuid, "temperature")
     means = []
     for a, b in ((lo, b1), (b1, b2), (b2, end)):
         values = temperatures[a:b]
@@ -209,7 +147,7 @@ def _thermal_throttling(window: Window, uuid: str, config: RuleConfig) -> Observ
     span = config["window_seconds"]
     share = counter_share(window, uuid, THERMAL_COUNTERS, span)
     if share is None:  # no counters on this GPU: the share of polls with a thermal reason set
-        share = sample_share(window, uuid, THERMAL_REASONS, span)
+        share = sample_share(window, uuid, "thermal_slowdown", span)
 
     def summary() -> str:
         share_text = "" if share is None else f"; clocks held down for heat {share * 100:.0f}% of the last {span:.0f} s"
@@ -289,10 +227,9 @@ def _thermal_outlier(window: Window, uuid: str, config: RuleConfig) -> Observati
     )
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
+RULES: tuple[GpuRule, ...] = (
+    GpuRule(
         id="overheating",
-        scope="gpu",
         severity="critical",
         hold_seconds=20.0,
         clear_seconds=60.0,
@@ -301,9 +238,8 @@ RULES: tuple[Rule, ...] = (
         evaluate=_overheating,
         params={"margin_celsius": 5.0, "memory_margin_celsius": 5.0},
     ),
-    Rule(
+    GpuRule(
         id="thermal_runaway",
-        scope="gpu",
         severity="warning",
         hold_seconds=20.0,
         clear_seconds=60.0,
@@ -314,10 +250,10 @@ RULES: tuple[Rule, ...] = (
         params={"window_seconds": 60.0, "horizon_seconds": 180.0, "watch_margin_celsius": 15.0,
                 "min_rate_celsius_per_minute": 1.0},
         lookback={"window_seconds": "fast"},
+        columns={"temperature": _temperature},
     ),
-    Rule(
+    GpuRule(
         id="thermal_throttling",
-        scope="gpu",
         severity="warning",
         hold_seconds=20.0,
         clear_seconds=60.0,
@@ -328,10 +264,10 @@ RULES: tuple[Rule, ...] = (
         params={"window_seconds": 60.0, "min_share": 0.10},
         applies=needs("clocks_event_reasons"),
         lookback={"window_seconds": "fast"},
+        predicates={**counters(*THERMAL_COUNTERS), "thermal_slowdown": reasons_active(THERMAL_REASONS)},
     ),
-    Rule(
+    GpuRule(
         id="thermal_outlier",
-        scope="gpu",
         severity="warning",
         hold_seconds=300.0,
         clear_seconds=120.0,

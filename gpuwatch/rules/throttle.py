@@ -10,8 +10,10 @@ since they miss nothing between two polls.
 from __future__ import annotations
 
 from gpuwatch.model import FastSample, Observation
-from gpuwatch.rules.base import Rule, RuleConfig, Window, needs
-from gpuwatch.rules.thermal import counter_share, gpu_label, sample_share
+from gpuwatch.rules.base import GpuRule, RuleConfig, Window, needs
+from gpuwatch.rules.common import counter_share, counters, gpu_label, reasons_active, sample_share
+
+_POWER_BRAKE = ("hw_power_brake_slowdown",)
 
 
 def _power_brake(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
@@ -19,10 +21,9 @@ def _power_brake(window: Window, uuid: str, config: RuleConfig) -> Observation |
     if fast is None:
         return None
     span = config["window_seconds"]
-    reason = ("hw_power_brake_slowdown",)
-    share = counter_share(window, uuid, reason, span)
+    share = counter_share(window, uuid, _POWER_BRAKE, span)
     if share is None:
-        share = sample_share(window, uuid, reason, span)
+        share = sample_share(window, uuid, "power_brake", span)
     now = fast.clocks.clocks_event_active.get("hw_power_brake_slowdown", False)
     active = now or (share is not None and share >= config["min_share"])
 
@@ -44,8 +45,7 @@ def _hw_slowdown(window: Window, uuid: str, config: RuleConfig) -> Observation |
     if fast is None:
         return None
     span = config["window_seconds"]
-    share = sample_share(window, uuid, ("hw_slowdown",), span,
-                         unless=("hw_thermal_slowdown", "hw_power_brake_slowdown"))
+    share = sample_share(window, uuid, "hw_slowdown", span)
     if share is None:
         return None
     return Observation(share >= config["min_share"], share, config["min_share"],
@@ -58,7 +58,7 @@ def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation 
     if fast is None:
         return None
     span = config["window_seconds"]
-    share = sample_share(window, uuid, ("sw_power_cap",), span)
+    share = sample_share(window, uuid, "sw_power_cap", span)
     if share is None:
         return None
 
@@ -76,8 +76,7 @@ def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation 
 
 def _power_smoothing_worn(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
     slow = window.slow(uuid)
-    state = window.gpu(uuid)
-    if slow is None or state is None or not state.up:
+    if slow is None:
         return None
     left = slow.power.power_smoothing_lifetime_ratio
     if left is None:
@@ -88,10 +87,9 @@ def _power_smoothing_worn(window: Window, uuid: str, config: RuleConfig) -> Obse
                                f"lifetime (warning below {limit * 100:.0f}%)")
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
+RULES: tuple[GpuRule, ...] = (
+    GpuRule(
         id="power_brake",
-        scope="gpu",
         severity="warning",
         hold_seconds=10.0,
         clear_seconds=60.0,
@@ -101,10 +99,10 @@ RULES: tuple[Rule, ...] = (
         params={"window_seconds": 30.0, "min_share": 0.10},
         applies=needs("clocks_event_reasons"),
         lookback={"window_seconds": "fast"},
+        predicates={**counters(*_POWER_BRAKE), "power_brake": reasons_active(_POWER_BRAKE)},
     ),
-    Rule(
+    GpuRule(
         id="hw_slowdown",
-        scope="gpu",
         severity="warning",
         hold_seconds=30.0,
         clear_seconds=60.0,
@@ -115,10 +113,11 @@ RULES: tuple[Rule, ...] = (
         params={"window_seconds": 30.0, "min_share": 0.5},
         applies=needs("clocks_event_reasons"),
         lookback={"window_seconds": "fast"},
+        predicates={"hw_slowdown": reasons_active(("hw_slowdown",),
+                                                  unless=("hw_thermal_slowdown", "hw_power_brake_slowdown"))},
     ),
-    Rule(
+    GpuRule(
         id="power_capped",
-        scope="gpu",
         severity="info",
         hold_seconds=60.0,
         clear_seconds=120.0,
@@ -129,10 +128,10 @@ RULES: tuple[Rule, ...] = (
         params={"window_seconds": 60.0, "min_share": 0.5},
         applies=needs("clocks_event_reasons"),
         lookback={"window_seconds": "fast"},
+        predicates={"sw_power_cap": reasons_active(("sw_power_cap",))},
     ),
-    Rule(
+    GpuRule(
         id="power_smoothing_worn",
-        scope="gpu",
         severity="warning",
         hold_seconds=0.0,
         clear_seconds=60.0,

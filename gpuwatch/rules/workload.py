@@ -19,8 +19,8 @@ pre-processed data help, a bigger GPU does not.
 from __future__ import annotations
 
 from gpuwatch.model import FastSample, GpuHost, Observation, ProcessInfo
-from gpuwatch.rules.base import Rule, RuleConfig, Window, needs_any
-from gpuwatch.rules.thermal import gpu_label
+from gpuwatch.rules.base import GpuRule, RuleConfig, Window, needs_any
+from gpuwatch.rules.common import gpu_label
 
 
 def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
@@ -32,7 +32,7 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
         return _idle_mig_instances(window, uuid, config)
     history = window.history(uuid)
     lo = history.index(window.since(config["window_seconds"]))
-    busiest = max((u for u in history.column(_activity)[lo:history.end] if u is not None), default=None)
+    busiest = max((u for u in window.column(uuid, "activity")[lo:history.end] if u is not None), default=None)
     if busiest is None:
         return None
     measure = "SM active" if fast.gpm.sm_active_ratio is not None else "busy"
@@ -136,7 +136,7 @@ def _input_bound(window: Window, uuid: str, config: RuleConfig) -> Observation |
         return None  # the jobs group has not read the job twice yet (or is off): cannot tell
     history = window.history(uuid)
     lo = history.index(window.since(config["window_seconds"]))
-    values = [u for u in history.column(_activity)[lo:history.end] if u is not None]
+    values = [u for u in window.column(uuid, "activity")[lo:history.end] if u is not None]
     if not values:
         return None
     mean = sum(values) / len(values)
@@ -170,10 +170,9 @@ def _activity(sample: FastSample) -> float | None:
     return sm if sm is not None else sample.utilization.utilization_ratio.get("gpu")
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(
+RULES: tuple[GpuRule, ...] = (
+    GpuRule(
         id="allocated_idle",
-        scope="gpu",
         severity="warning",
         hold_seconds=1800.0,
         clear_seconds=60.0,
@@ -185,10 +184,10 @@ RULES: tuple[Rule, ...] = (
         params={"idle_ratio": 0.05, "window_seconds": 60.0, "min_memory_bytes": 1024.0 * 2**20},
         applies=needs_any("utilization", "mig"),  # a MIG-enabled GPU has no utilization, its instances GPM
         lookback={"window_seconds": "fast"},
+        columns={"activity": _activity},
     ),
-    Rule(
+    GpuRule(
         id="input_bound",
-        scope="gpu",
         severity="warning",
         hold_seconds=300.0,
         clear_seconds=120.0,
@@ -202,5 +201,6 @@ RULES: tuple[Rule, ...] = (
                 "window_seconds": 60.0},
         applies=needs_any("utilization"),
         lookback={"window_seconds": "fast"},
+        columns={"activity": _activity},
     ),
 )
