@@ -125,7 +125,7 @@ class Agent:
         self.engine = Engine(rules, build_configs(rules, config.rules), config.staleness("fast"),
                              config.rules_window, config.rules_expected_gpus,
                              min_history_seconds=config.poll_slow_interval + config.staleness("fast"),
-                             host_staleness=config.staleness("slow"))
+                             slow_staleness=config.staleness("slow"))
         attribute = None
         if self.selection.attributed:
             attribute = Attributor(config.attribution_proc_root).attribute

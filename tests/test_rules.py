@@ -837,7 +837,7 @@ def test_rule_kinds_check_their_evaluators():
 def test_a_slow_sample_is_fresh_up_to_the_slow_staleness_bound_and_not_a_moment_after():
     """Window.slow_fresh is the one test: a slow sample (or a host read) exactly as old as the slow
     tier's bound is seen, one a millisecond older is not, and every rule that reads one says "cannot
-    tell" then; without a bound (the engine's host_staleness None) any age is seen."""
+    tell" then; without a bound (the engine's slow_staleness None) any age is seen."""
     ecc = slow_sample(ecc_errors={("uncorrected", "volatile"): 2, ("uncorrected", "aggregate"): 2})
 
     def win(age, bound=30.0, **state):
@@ -856,9 +856,9 @@ def test_a_slow_sample_is_fresh_up_to_the_slow_staleness_bound_and_not_a_moment_
     assert win(0.0, up=False).slow(uuid_of(0)) is None  # a GPU that does not answer: cannot tell
     down = Window(snapshot(gpu(0, slow=ecc), backend_up=False), {}, 6.0)
     assert down.slow(uuid_of(0)) is None
-    rules = [RULES["ecc_uncorrectable"]]  # and in the engine, with the agent's bound (host_staleness)
-    engine = Engine(rules, build_configs(rules, None), 6.0, host_staleness=30.0)
+    rules = [RULES["ecc_uncorrectable"]]  # and in the engine, with the agent's bound (slow_staleness)
+    engine = Engine(rules, build_configs(rules, None), 6.0, slow_staleness=30.0)
     state = gpu(0, slow=ecc, slow_age=0.0)
     assert engine.evaluate(snapshot(state), now=NOW + 30.0, wall=WALL + 30.0)[0].firing
-    engine = Engine(rules, build_configs(rules, None), 6.0, host_staleness=30.0)
+    engine = Engine(rules, build_configs(rules, None), 6.0, slow_staleness=30.0)
     assert not engine.evaluate(snapshot(state), now=NOW + 30.001, wall=WALL + 30.001)[0].firing

@@ -88,7 +88,7 @@ def play(scenario: Scenario) -> Run:
     backend = scenario.backend(clock)
     store = Store(clock, backend.name, NodeInfo(power_budget_watts=scenario.node_power_budget_watts))
     poller = Poller(backend, store, clock, fast_interval=FAST, slow_interval=SLOW, host=backend.read_host)
-    engine = Engine(all_rules(), CONFIGS, fast_staleness=STALENESS, host_staleness=3 * SLOW)
+    engine = Engine(all_rules(), CONFIGS, fast_staleness=STALENESS, slow_staleness=3 * SLOW)
     fast, slow = _Tier(poller.poll_fast, backend), _Tier(poller.poll_slow, backend)
     start = clock.monotonic()
     run = Run()

@@ -186,14 +186,14 @@ class Engine:
     finds the fast sample of the time the last slow sample was read), plus one fast staleness
     bound; never more than the window. By default 66 s: at 0.5 s polls 123 samples per GPU, not 600.
 
-    ``host_staleness`` is the slow tier's staleness bound: the oldest slow sample or host read a
+    ``slow_staleness`` is the slow tier's staleness bound: the oldest slow sample or host read a
     rule sees (Window.slow_fresh; None: any age). Rule ids must be unique: the engine keeps each
     rule's state, and the histories each rule's series, under its id (ValueError otherwise).
     """
 
     def __init__(self, rules: Sequence[Rule], configs: Mapping[str, RuleConfig], fast_staleness: float,
                  window_seconds: float = DEFAULT_WINDOW_SECONDS, expected_gpus: int = 0,
-                 min_history_seconds: float = 0.0, host_staleness: float | None = None) -> None:
+                 min_history_seconds: float = 0.0, slow_staleness: float | None = None) -> None:
         self._rules = list(rules)
         ids = [rule.id for rule in self._rules]
         if len(ids) != len(set(ids)):
@@ -203,7 +203,7 @@ class Engine:
         self._configs = dict(configs)
         self._slow_seconds = check_lookback(self._rules, self._configs, window_seconds)
         self._fast_staleness = fast_staleness
-        self._host_staleness = host_staleness
+        self._slow_staleness = slow_staleness
         self._fast_seconds = self._history_seconds(self._configs)
         self._expected_gpus = expected_gpus
         self._most_gpus = 0
@@ -297,7 +297,7 @@ class Engine:
     def _evaluate(self, snap: NodeSnapshot, now: float, wall: float) -> tuple[Anomaly, ...]:
         self._remember(snap)
         node = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now,
-                      self._slow_history, self._host_staleness)
+                      self._slow_history, self._slow_staleness)
         gpus = snap.gpus
         plan = self._plan(gpus)
         labels = [str(state.identity.index) for state in gpus]
