@@ -13,7 +13,7 @@ file; a new group is one module here plus its line in ``GROUPS`` and its attribu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +80,15 @@ SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
 
 
 HOST: tuple[Group, ...] = tuple(g for g in GROUPS if g.host)  # read on the host, not through NVML
+
+
+def _nothing(_: Any) -> tuple[()]:
+    return ()
+
+
+# Per FastSample field, in order: what the rules' look-back keeps of it (Group.history; None: all of it). A
+# sample's errors and group timings are never looked back at.
+FAST_HISTORY: tuple[tuple[str, Callable[[Any], Any] | None], ...] = ()
 
 
 def features_of(enabled: Iterable[str]) -> frozenset[str]:
@@ -240,6 +249,10 @@ def only(sample: Any, enabled: frozenset[str]) -> Any:
 
 
 __all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES", "HOST",
-           "SPECS", "FastSample", "Selection",
+           "SPECS", "FAST_HISTORY", "FastSample", "Selection",
            "GpuHost", "HostSample", "SlowSample",
            "fast_sample", "flat", "only", "slow_sample", "features_of"]
+
+
+FAST_HISTORY = tuple((f.name, {g.fast: g.history for g in GROUPS if g.fast}.get(f.name, _nothing))
+                     for f in dataclasses.fields(FastSample))

@@ -212,6 +212,10 @@ class Group:
     # A node-level render: (emit, the group's fresh HostSample reading or None); its families have no
     # gpu/uuid labels.
     render_node: Callable[[Emit, Any], None] | None = None
+    # The fast reading as the rules' look-back keeps it (gpuwatch/rules/engine.py keeps rules.window seconds of
+    # samples per GPU): what no rule looks back at dropped; rules read the latest sample whole. None: kept whole.
+    # A rule that needs a dropped reading from the past adds it back here.
+    history: Callable[[Any], Any] | None = None
     # The group reads NVML events (``Device.events``): the poller runs its events thread while one such group is
     # on. A group with events and no tier reading (xid) reports the events thread's state as its
     # gpuwatch_collector_success.

@@ -22,6 +22,7 @@ import functools
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from gpuwatch.groups import fieldids
 from gpuwatch.groups.base import Call, Device, Emit, G, Group, Query, Spec
@@ -79,6 +80,14 @@ class Clocks:
     clock_hertz: Mapping[str, float] = field(default_factory=dict)  # graphics, sm, memory (video: slow)
     clocks_event_active: Mapping[str, bool] = field(default_factory=dict)  # reason -> set now
     clocks_event_seconds: Mapping[str, float] = field(default_factory=dict)  # reason -> cumulative seconds
+
+
+_NO_CLOCKS: Mapping[str, float] = MappingProxyType({})
+
+
+def history(clocks: Clocks) -> Clocks:
+    """The rules look back at the clock events (reasons and their time counters), not at the clocks."""
+    return Clocks(_NO_CLOCKS, clocks.clocks_event_active, clocks.clocks_event_seconds) if clocks.clock_hertz else clocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +185,7 @@ def render(emit: Emit, fast: Clocks | None, slow: ClockLimits | None) -> None:
 
 GROUP = Group(
     name="clocks",
+    history=history,
     help="current and maximum clocks, clock-event (throttle) reasons and their time counters",
     features=("clocks_event_reasons", "clocks_event_time"),
     options={"policy-counters": (False, "also the perf-policy throttle-time counters board_limit, "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, Unsupported
 
@@ -47,6 +48,14 @@ class Gpm:
     dram_bandwidth_ratio: float | None = None
     pcie_traffic_bytes: Mapping[str, float] = field(default_factory=dict)  # tx | rx, integrated since discovery
 
+
+
+_NONE: Mapping[str, float] = MappingProxyType({})
+
+
+def history(gpm: Gpm) -> Gpm:
+    """The rules look back at SM activity only."""
+    return Gpm(gpm.sm_active_ratio, None, None, _NONE, None, _NONE) if gpm.pcie_traffic_bytes else gpm
 
 class Nvml:
     def __init__(self, dev: Device) -> None:
@@ -108,6 +117,7 @@ def render(emit: Emit, fast: Gpm | None, slow: None) -> None:
 
 GROUP = Group(
     name="gpm",
+    history=history,
     help="profiling metrics (GPM, Hopper and newer): SM activity and occupancy, pipes, DRAM bandwidth, PCIe traffic",
     features=("gpm",),
     hardware=("gpm",),

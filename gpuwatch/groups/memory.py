@@ -19,6 +19,14 @@ class Memory:
     memory_reserved_bytes: int | None = None
 
 
+_NO_MEMORY = Memory()
+
+
+def history(memory: Memory) -> Memory:
+    """No rule looks back at the frame buffer (the latest sample has it)."""
+    return _NO_MEMORY
+
+
 class Nvml:
     def __init__(self, dev: Device) -> None:
         self.info = dev.first(dev.call("nvmlDeviceGetMemoryInfo_v2"), dev.call("nvmlDeviceGetMemoryInfo"))
@@ -44,6 +52,7 @@ def render(emit: Emit, fast: Memory | None, slow: None) -> None:
 
 GROUP = Group(
     name="memory",
+    history=history,
     help="frame buffer total, used, free and reserved",
     fast="memory",
     nvml=Nvml,

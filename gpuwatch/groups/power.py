@@ -38,6 +38,13 @@ class Power:
     module_power_watts: float | None = None  # GPU + Grace CPU + memory (Grace-coupled GPUs only)
 
 
+def history(power: Power) -> Power:
+    """The rules look back at the power draw only (energy, P-state and module power: the latest sample)."""
+    if power.energy_joules is not None or power.performance_state is not None:
+        return Power(power.power_watts)
+    return power
+
+
 @dataclass(frozen=True, slots=True)
 class PowerLimits:
     power_limit_watts: Mapping[str, float] = field(default_factory=dict)  # enforced, default, min, max
@@ -139,6 +146,7 @@ def render(emit: Emit, fast: Power | None, slow: PowerLimits | None) -> None:
 
 GROUP = Group(
     name="power",
+    history=history,
     help="power draw, energy counter, P-state and power limits",
     features=("energy", "power", "power_limit", "power_smoothing"),
     hardware=("power_smoothing",),

@@ -12,19 +12,14 @@ leaves the state where it is.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from gpuwatch.errors import ConfigError
-from gpuwatch.groups.clocks import Clocks as _Clocks
-from gpuwatch.groups.gpm import Gpm
-from gpuwatch.groups.memory import Memory
-from gpuwatch.groups.power import Power as _Power
+from gpuwatch.groups import FAST_HISTORY
 from gpuwatch.logs import get_logger
 from gpuwatch.model import SEVERITIES, Anomaly, FastSample, GpuState, NodeSnapshot, Observation, SlowSample
 from gpuwatch.rules.base import GpuRule, History, Needs, NodeRule, Rule, RuleConfig, Window, everywhere
@@ -47,37 +42,21 @@ class _Track:
 _NOTHING = Observation(False)
 
 
-_EMPTY: Mapping[str, float] = MappingProxyType({})
-_NO_MEMORY = Memory()
-
-
-_DROPPED: Mapping[str, Any] = {"memory": _NO_MEMORY, "errors": (), "collected": ()}
-_FAST_FIELDS = tuple(f.name for f in dataclasses.fields(FastSample))
 
 
 def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
-    """The sample as the history keeps it: without the readings no rule looks back at, and sharing
-    each reading that equals the previous sample's (an idle GPU's utilization, throttle counters and
-    often temperatures stay put from poll to poll).
+    """The sample as the history keeps it: each group's reading as its declaration says the look-back keeps it
+    (Group.history: without what no rule looks back at), and sharing each reading that equals the previous
+    sample's (an idle GPU's utilization, throttle counters and often temperatures stay put from poll to poll).
 
-    Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``,
-    always complete); dropping them from the copies kept for the look-back saves about a third of
-    the history's memory (docs/performance.md). A rule that needs one of them from the past must
-    add it back here.
-    """
+    Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``, always
+    complete); dropping them from the copies kept for the look-back saves about a third of the history's
+    memory (docs/performance.md)."""
     values = []
-    for name in _FAST_FIELDS:
-        dropped = _DROPPED.get(name)
-        if dropped is not None:
-            values.append(dropped)
-            continue
+    for name, keep in FAST_HISTORY:
         value = getattr(sample, name)
-        if name == "clocks" and value.clock_hertz:
-            value = _Clocks(_EMPTY, value.clocks_event_active, value.clocks_event_seconds)
-        elif name == "power" and (value.energy_joules is not None or value.performance_state is not None):
-            value = _Power(value.power_watts)
-        elif name == "gpm" and value.pcie_traffic_bytes:  # the rules look back at SM activity only
-            value = Gpm(value.sm_active_ratio, None, None, _EMPTY, None, _EMPTY)
+        if keep is not None:
+            value = keep(value)
         if previous is not None:
             before = getattr(previous, name)
             if before is not value and before == value:
