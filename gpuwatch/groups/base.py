@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 G = ("gpu", "uuid")  # the labels every per-GPU family starts with
 
@@ -167,19 +167,25 @@ class Query(Protocol):
         ...
 
 
-class NvmlReader(Protocol):
+F = TypeVar("F")  # a group's fast reading (its FastSample attribute)
+S = TypeVar("S")  # its slow reading (its SlowSample attribute)
+F_co = TypeVar("F_co", covariant=True)
+S_co = TypeVar("S_co", covariant=True)
+
+
+class NvmlReader(Protocol[F_co, S_co]):
     """A group's NVML side for one GPU, built at discovery (``Group.nvml(device)``)."""
 
-    def read_fast(self, q: Query) -> Any: ...
+    def read_fast(self, q: Query) -> F_co: ...
 
-    def read_slow(self, q: Query) -> Any: ...
+    def read_slow(self, q: Query) -> S_co: ...
 
 
 Render = Callable[[Emit, Any, Any], None]
 
 
 @dataclass(frozen=True)
-class Group:
+class Group(Generic[F, S]):
     """A reading group's declaration (see the module docstring)."""
 
     name: str
@@ -197,11 +203,11 @@ class Group:
     options: Mapping[str, tuple[Any, str]] = None  # type: ignore[assignment]
     fast: str | None = None  # the attribute of its reading in FastSample (None: no fast reading)
     slow: str | None = None  # ... in SlowSample
-    nvml: Callable[[Device], NvmlReader] | None = None
+    nvml: Callable[[Device], NvmlReader[F, S]] | None = None
     # field id -> what it is: every nvmlDeviceGetFieldValues id the group may read (probed at discovery); an id
     # that moved between driver branches is given by its name in groups/fieldids.py and resolved per driver
     fields: Mapping[int | str, str] = None  # type: ignore[assignment]
-    render: Render | None = None
+    render: Callable[[Emit, F | None, S | None], None] | None = None
     # (GpuState, fresh fast sample, fresh slow sample, fresh GpuHost) -> the two readings render() takes; default:
     # the group's attribute of each sample. For groups whose readings the store keeps (xid counts,
     # attributed processes) and host groups (their part of the GPU's GpuHost).
@@ -215,7 +221,7 @@ class Group:
     # The fast reading as the rules' look-back keeps it (gpuwatch/rules/engine.py keeps rules.window seconds of
     # samples per GPU): what no rule looks back at dropped; rules read the latest sample whole. None: kept whole.
     # A rule that needs a dropped reading from the past adds it back here.
-    history: Callable[[Any], Any] | None = None
+    history: Callable[[F], F] | None = None
     # The group reads NVML events (``Device.events``): the poller runs its events thread while one such group is
     # on. A group with events and no tier reading (xid) reports the events thread's state as its
     # gpuwatch_collector_success.

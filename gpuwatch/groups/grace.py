@@ -40,7 +40,7 @@ def render_node(emit: Emit, sensors: tuple[GraceSensor, ...] | None) -> None:
             emit("gpuwatch_grace_power_watts", (s.sensor, s.socket), s.watts)
 
 
-GROUP = Group(
+GROUP: Group[None, None] = Group(
     name="grace",
     help="Grace CPU, SysIO and module power and the Grace power cap per socket, from hwmon (GH200/GB200 nodes)",
     host="grace",

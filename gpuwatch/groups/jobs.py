@@ -48,7 +48,7 @@ def render_node(emit: Emit, jobs: tuple[JobUsage, ...] | None) -> None:
 
 JOB = ("scheduler", "job_id")
 
-GROUP = Group(
+GROUP: Group[None, None] = Group(
     name="jobs",
     help="per job on the node: CPU time (user/system/iowait), I/O bytes and CPUs of its cgroup's processes (psutil)",
     host="jobs",

@@ -81,7 +81,7 @@ def render(emit: Emit, fast: None, workloads: tuple[ProcessInfo, ...] | None) ->
         emit("gpuwatch_workload_memory_used_bytes", key, used)
 
 
-GROUP = Group(
+GROUP: Group[None, Any] = Group(  # render takes the attributed processes (select), not the slow reading
     name="processes",
     attributed=True,
     help="compute processes per GPU, attributed to Slurm jobs, pods and units through /proc",

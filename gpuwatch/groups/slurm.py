@@ -32,7 +32,7 @@ class JobAllocation:
     source: str = "devices"  # which told: devices (cgroup v1), scontrol, mapping (the prolog's directory)
 
 
-GROUP = Group(
+GROUP: Group[None, None] = Group(
     name="slurm",
     help="Slurm allocations per GPU: cgroup v1 devices.list, else scontrol show job, else the mapping directory",
     host="slurm",
