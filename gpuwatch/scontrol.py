@@ -44,6 +44,6 @@ def run(command: str, args: Sequence[str], timeout: float) -> str:
     except OSError as exc:
         raise ScontrolError(UNRUNNABLE, f"cannot run {command}: {exc.strerror or exc}") from None
     if done.returncode != 0:
-        said = " ".join((_text(done.stderr) or _text(done.stdout)).split())[:200] or "no message"
+        said = " ".join((_text(done.stderr) or _text(done.stdout)).split()) or "no message"
         raise ScontrolError(EXITED, f"`{shown}` exited with {done.returncode}: {said}", said, done.returncode)
     return _text(done.stdout)

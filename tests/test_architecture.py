@@ -103,6 +103,11 @@ def test_every_family_is_emitted_by_exactly_one_unit():
                 emitters.setdefault(node.args[0].value, set()).add(unit)
     assert "gpuwatch_gpu_job_info" in emitters
     assert {family: units for family, units in emitters.items() if len(units) > 1} == {}
+    exporter = {arg.value for name, path in modules() if name.startswith("gpuwatch.exporter")
+                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                and not (isinstance(node.func, ast.Name) and node.func.id == "Spec")  # a declaration
+                for arg in node.args if isinstance(arg, ast.Constant)}
+    assert exporter & emitters.keys() == set()  # the renderer emits no group's family of its own
 
 
 def test_no_rule_family_imports_another():

@@ -224,6 +224,19 @@ def test_xid_event_becomes_a_counter(start):
     assert (unknown[0]["meaning"], unknown[0]["action"]) == ("unknown XID", "see NVIDIA's Xid catalog")
 
 
+def test_a_gpu_that_refuses_the_xid_registration_says_so(start):
+    """A GPU that answers the event types but refuses nvmlDeviceRegisterEvents delivers no XID: its
+    xid_events feature is 0 and it shows no XID counter at 0 (no false reassurance); the others keep theirs."""
+    node = fakenvml.FakeNode.h200(2)
+    node.gpus[1].set_error("nvmlDeviceRegisterEvents", 3)  # NVML_ERROR_NOT_SUPPORTED
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="xid_events")) == 0
+    assert d.value("gpuwatch_xid_events_total", **labels(node, 1)) is None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="xid_events")) == 1
+    assert d.value("gpuwatch_xid_events_total", **labels(node, 0)) == 0
+
+
 def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
     """--no-collector.<group>: not probed, not read (the fake library counts every call), no feature
     series and no metric; the enabled groups go on as usual and report their own success."""

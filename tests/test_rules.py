@@ -834,10 +834,11 @@ def test_rule_kinds_check_their_evaluators():
         Engine(twice, build_configs(twice[:1], None), 6.0)
 
 
-def test_a_slow_sample_is_fresh_up_to_the_slow_staleness_bound_and_not_a_moment_after():
-    """Window.slow_fresh is the one test: a slow sample (or a host read) exactly as old as the slow
-    tier's bound is seen, one a millisecond older is not, and every rule that reads one says "cannot
-    tell" then; without a bound (the engine's slow_staleness None) any age is seen."""
+def test_rules_see_the_last_slow_sample_of_an_answering_gpu_and_a_host_read_up_to_the_bound():
+    """Window.slow is the one definition of which slow sample a rule sees: the latest one while the GPU
+    answers and the backend is up, whatever its age (a slow tier that stalls must not silence the critical
+    rules that read thresholds and counters); a GPU or backend that does not answer: cannot tell. A read
+    of the host groups exactly as old as the slow bound is seen, one a millisecond older is not."""
     ecc = slow_sample(ecc_errors={("uncorrected", "volatile"): 2, ("uncorrected", "aggregate"): 2})
 
     def win(age, bound=30.0, **state):
@@ -845,20 +846,27 @@ def test_a_slow_sample_is_fresh_up_to_the_slow_staleness_bound_and_not_a_moment_
         snap = dataclasses.replace(snap, host=HostSample(), host_monotonic=NOW - age)
         return Window(snap, {}, 6.0, slow_staleness=bound)
 
-    at, past = win(30.0), win(30.001)
-    assert at.slow(uuid_of(0)) is ecc and past.slow(uuid_of(0)) is None
-    assert evaluate("ecc_uncorrectable", at).active and evaluate("ecc_uncorrectable", past) is None
+    old = win(3600.0)
+    assert old.slow(uuid_of(0)) is ecc and evaluate("ecc_uncorrectable", old).active
+    assert win(0.0, up=False).slow(uuid_of(0)) is None  # a GPU that does not answer: cannot tell
+    down = Window(snapshot(gpu(0, slow=ecc), backend_up=False), {}, 6.0)
+    assert down.slow(uuid_of(0)) is None and evaluate("ecc_uncorrectable", down) is None
     host = GpuHost(None, None)
     assert win(30.0, host=host, host_monotonic=NOW - 30.0).host(uuid_of(0)) is host
     assert win(30.0, host=host, host_monotonic=NOW - 30.001).host(uuid_of(0)) is None
-    assert at.slow_fresh(NOW - 30.0) and not at.slow_fresh(NOW - 30.001) and not at.slow_fresh(None)
-    assert win(3600.0, bound=None).slow(uuid_of(0)) is ecc  # no bound: any age
-    assert win(0.0, up=False).slow(uuid_of(0)) is None  # a GPU that does not answer: cannot tell
-    down = Window(snapshot(gpu(0, slow=ecc), backend_up=False), {}, 6.0)
-    assert down.slow(uuid_of(0)) is None
-    rules = [RULES["ecc_uncorrectable"]]  # and in the engine, with the agent's bound (slow_staleness)
+    assert win(30.0, bound=None, host=host, host_monotonic=NOW - 3600.0).host(uuid_of(0)) is host
+    at = win(0.0)
+    assert at.host_fresh(NOW - 30.0) and not at.host_fresh(NOW - 30.001) and not at.host_fresh(None)
+    rules = [RULES["ecc_uncorrectable"]]  # and in the engine, with the agent's bound: a stalled slow tier
     engine = Engine(rules, build_configs(rules, None), 6.0, slow_staleness=30.0)
-    state = gpu(0, slow=ecc, slow_age=0.0)
-    assert engine.evaluate(snapshot(state), now=NOW + 30.0, wall=WALL + 30.0)[0].firing
-    engine = Engine(rules, build_configs(rules, None), 6.0, slow_staleness=30.0)
-    assert not engine.evaluate(snapshot(state), now=NOW + 30.001, wall=WALL + 30.001)[0].firing
+    assert engine.evaluate(snapshot(gpu(0, slow=ecc, slow_age=0.0)), now=NOW + 600.0, wall=WALL + 600.0)[0].firing
+
+
+def test_a_stalled_slow_tier_leaves_overheating_and_a_stopped_fan_firing():
+    """The thresholds the fan and overheating rules read come from the slow tier: when it stalls (a wedged
+    process-list call) the last ones still hold, so overheating and fan_stalled keep their verdict."""
+    hot = fast_sample(temperature_celsius=95.0, temperature_margin_celsius=2.0, fans=(fan(0, speed=0.0, target=0.0, rpm=0.0),))
+    window = Window(snapshot(gpu(0, fast=hot, slow=slow_sample(), slow_age=3600.0)), {}, 6.0, slow_staleness=90.0)
+    assert window.slow(uuid_of(0)) is not None
+    assert evaluate("overheating", window).active
+    assert evaluate("fan_stalled", window).active

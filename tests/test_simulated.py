@@ -757,3 +757,21 @@ def test_the_configs_profile_choices_are_the_simulators_profiles():
     from gpuwatch import config
 
     assert set(config.SIM_PROFILES) == set(PROFILES)
+
+
+def test_the_simulator_honours_the_groups_options():
+    """The Selection reaches the simulator: --collector.utilization.video adds encoder and decoder utilization
+    (idle: compute jobs), except on a MIG-enabled GPU, where NVML has none."""
+    from gpuwatch.groups import Selection
+
+    video = Selection.of(options={"utilization.video": True})
+    for profile, expected in (("h200", {"encoder": 0.0, "decoder": 0.0}), ("h100-mig", {})):
+        plain = SimulatedBackend(FakeClock(), gpu_count=1, profile=profile)
+        shown = SimulatedBackend(FakeClock(), gpu_count=1, profile=profile, selection=video)
+        assert plain.read_slow(_first(plain)).utilization.utilization_ratio == {}
+        assert shown.read_slow(_first(shown)).utilization.utilization_ratio == expected
+
+
+def _first(backend):
+    backend.open()
+    return backend.discover()[0].identity.uuid

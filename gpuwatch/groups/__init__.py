@@ -79,16 +79,6 @@ HARDWARE_FEATURES: frozenset[str] = frozenset(f for g in GROUPS for f in g.hardw
 SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
 
 
-HOST: tuple[Group, ...] = tuple(g for g in GROUPS if g.host)  # read on the host, not through NVML
-
-
-def _nothing(_: Any) -> tuple[()]:
-    return ()
-
-
-# Per FastSample field, in order: what the rules' look-back keeps of it (Group.history; None: all of it). A
-# sample's errors and group timings are never looked back at.
-FAST_HISTORY: tuple[tuple[str, Callable[[Any], Any] | None], ...] = ()
 
 
 def features_of(enabled: Iterable[str]) -> frozenset[str]:
@@ -248,11 +238,28 @@ def only(sample: Any, enabled: frozenset[str]) -> Any:
     return dataclasses.replace(sample, **changes) if changes else sample
 
 
-__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES", "HOST",
+__all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES",
            "SPECS", "FAST_HISTORY", "FastSample", "Selection",
            "GpuHost", "HostSample", "SlowSample",
            "fast_sample", "flat", "only", "slow_sample", "features_of"]
 
 
-FAST_HISTORY = tuple((f.name, {g.fast: g.history for g in GROUPS if g.fast}.get(f.name, _nothing))
-                     for f in dataclasses.fields(FastSample))
+def _nothing(_: Any) -> tuple[()]:
+    return ()
+
+
+def _fast_history() -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+    owners = {g.fast: g.history for g in GROUPS if g.fast}
+    kept: list[tuple[str, Callable[[Any], Any] | None]] = []
+    for f in dataclasses.fields(FastSample):
+        if f.name in ("errors", "collected"):  # a poll's errors and group timings: never looked back at
+            kept.append((f.name, _nothing))
+        elif f.name in owners:
+            kept.append((f.name, owners[f.name]))
+        else:
+            raise AssertionError(f"FastSample.{f.name} belongs to no group")
+    return tuple(kept)
+
+
+# Per FastSample field, in order: what the rules' look-back keeps of it (Group.history; None: all of it).
+FAST_HISTORY: tuple[tuple[str, Callable[[Any], Any] | None], ...] = _fast_history()

@@ -231,6 +231,9 @@ class Group(Generic[F, S]):
     attributed: bool = False
 
     def __post_init__(self) -> None:
+        if self.host is not None and self.render is not None and self.select is None:
+            raise ValueError(f"group {self.name}: a host group that renders per GPU needs a select (its part of the "
+                             "GPU's GpuHost): it has no fast or slow reading")
         object.__setattr__(self, "fields", dict(self.fields or {}))
         object.__setattr__(self, "options", dict(self.options or {}))
 

@@ -41,7 +41,7 @@ def render(emit: Emit, _: None, pods: tuple[PodAllocation, ...] | None) -> None:
             emit("gpuwatch_mig_pod_info", (str(p.gpu_instance),) + key, 1)
 
 
-GROUP = Group(
+GROUP: Group[None, None] = Group(
     name="kubernetes",
     help="pods per GPU from the kubelet's PodResources API (needs gpuwatch[kubernetes] and the socket)",
     host="kubernetes",

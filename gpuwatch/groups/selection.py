@@ -5,9 +5,10 @@ A Selection is built once from the configuration (gpuwatch/agent.py) and given t
 reads or renders groups: the backends (the NVML backend probes and reads only the selected groups,
 with their options; the simulator, a replay and the scripted backend leave the others' readings at
 their empty defaults), the poller (which groups' times and successes it counts, whether an events
-thread runs), the host reader and the exporter. What each part needs to know about a group is a
-property of the group's declaration (``Group.events``, ``Group.attributed``, ``Group.host``, ...),
-never its name.
+thread runs), the host reader and the exporter. What the engine (poller, NVML backend, exporter,
+agent) needs to know about a group is a property of the group's declaration (``Group.events``,
+``Group.attributed``, ``Group.host``, ...), never its name; the host reader, the host groups' backend,
+builds each host group's reader by name.
 """
 
 from __future__ import annotations

@@ -163,11 +163,12 @@ class Scontrol:
             elif exc.kind == scontrol.EXITED:
                 if "Invalid job id" in exc.said:  # the job ended between the scan and the call: not a failure
                     return ""
-                self.fail("scontrol_failed", f"scontrol show job {job_id} exited with {exc.code}: {exc.said}",
+                self.fail("scontrol_failed", f"scontrol show job {job_id} exited with {exc.code}: {exc.said[:200]}",
                           "check that this node may talk to slurmctld (scontrol ping)")
-            else:
+            else:  # gone since it was found on PATH, or not runnable: looked up again next time
                 self._path = None
-                self.fail("scontrol_failed", str(exc), "check --collector.slurm.scontrol")
+                self.fail("scontrol_failed", f"cannot run {path}: {exc}" if exc.kind == scontrol.MISSING else str(exc),
+                          "check --collector.slurm.scontrol")
             return None
         if self._failing is not None:
             self._log.info("scontrol_recovered", failed=self._failing)

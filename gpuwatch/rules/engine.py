@@ -165,9 +165,10 @@ class Engine:
     finds the fast sample of the time the last slow sample was read), plus one fast staleness
     bound; never more than the window. By default 66 s: at 0.5 s polls 123 samples per GPU, not 600.
 
-    ``slow_staleness`` is the slow tier's staleness bound: the oldest slow sample or host read a
-    rule sees (Window.slow_fresh; None: any age). Rule ids must be unique: the engine keeps each
-    rule's state, and the histories each rule's series, under its id (ValueError otherwise).
+    ``slow_staleness`` is the slow tier's staleness bound: the oldest read of the host groups a rule
+    sees (Window.host_fresh; None: any age); slow samples are seen whatever their age (Window.slow).
+    Rule ids must be unique: the engine keeps each rule's state, and the histories each rule's series,
+    under its id (ValueError otherwise).
     """
 
     def __init__(self, rules: Sequence[Rule], configs: Mapping[str, RuleConfig], fast_staleness: float,

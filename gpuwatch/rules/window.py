@@ -1,8 +1,8 @@
 """What a rule sees: the latest snapshot and the engine's per-GPU histories, one view per rule.
 
-A rule reads its GPU's fresh fast sample (``fast``), slow sample and allocations while they are
-fresh (``slow``, ``host``: the one definition of a fresh slow-tier reading is ``slow_fresh``), and
-the series it declares (Rule.predicates, .columns, .derived) by name.
+A rule reads its GPU's fresh fast sample (``fast``), its latest slow sample while the GPU answers
+(``slow``: the one definition of which slow sample a rule sees), its allocations while the host read is
+fresh (``host``, ``host_fresh``), and the series it declares (Rule.predicates, .columns, .derived) by name.
 """
 
 from __future__ import annotations
@@ -120,26 +120,28 @@ class Window:
             value = self._memo[key] = compute(self)
             return value
 
-    def slow_fresh(self, taken: float | None) -> bool:
-        """Whether something the slow tier read at monotonic time ``taken`` (a GPU's slow sample, a
-        read of the host groups) is fresh enough for a rule: at most ``slow_staleness`` seconds old
-        (model.fresh), any age without a bound. The one definition: ``slow``, ``host`` and ``jobs``
-        ask it, and rules read slow samples and allocations through those only."""
+    def host_fresh(self, taken: float | None) -> bool:
+        """Whether a read of the host groups ended at monotonic time ``taken`` is fresh enough for a rule: at
+        most ``slow_staleness`` seconds old (model.fresh), any age without a bound. ``host`` and ``jobs`` ask it:
+        allocations and jobs come and go, a stale read says nothing about now."""
         bound = self.slow_staleness
         return bound is None or fresh(taken, self._now, bound)
 
     def slow(self, uuid: str) -> SlowSample | None:
-        """The GPU's latest slow sample, while the GPU answers, the backend is up and the sample is
-        fresh (``slow_fresh``); None: cannot tell. Its time is the GPU state's ``slow_monotonic``."""
+        """The GPU's latest slow sample while the GPU answers and the backend is up, whatever its age; None:
+        cannot tell. The one definition of which slow sample a rule sees: every rule reads it here. No age
+        bound: slow readings are limits, thresholds and counters that keep their last value, and a slow tier
+        that stalls (a wedged call) must not silence the critical rules that read them (poll_success and
+        collection_stalled say it stalls). Its time is the GPU state's ``slow_monotonic``."""
         state = self._by_uuid.get(uuid)
-        if state is None or not state.up or not self.latest.backend_up or not self.slow_fresh(state.slow_monotonic):
+        if state is None or not state.up or not self.latest.backend_up:
             return None
         return state.slow
 
     def host(self, uuid: str) -> GpuHost | None:
-        """The GPU's allocations from the last read of the host groups, while it is fresh (``slow_fresh``)."""
+        """The GPU's allocations from the last read of the host groups, while it is fresh (``host_fresh``)."""
         state = self._by_uuid.get(uuid)
-        return None if state is None or not self.slow_fresh(state.host_monotonic) else state.host
+        return None if state is None or not self.host_fresh(state.host_monotonic) else state.host
 
     def jobs(self) -> Mapping[tuple[str, str], JobUsage]:
         """(scheduler, job id) -> the job's host side (the jobs group), from a fresh host read (once per Window)."""
@@ -228,5 +230,5 @@ class Window:
 
 def _jobs(window: Window) -> dict[tuple[str, str], JobUsage]:
     snap = window.latest
-    host = snap.host if window.slow_fresh(snap.host_monotonic) else None
+    host = snap.host if window.host_fresh(snap.host_monotonic) else None
     return {(j.scheduler, j.job_id): j for j in (host.jobs or ())} if host is not None else {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -176,11 +177,11 @@ class NvmlBackend:
                     "nvml_invalid_text", gpu=str(index), uuid=identity.uuid, texts=texts.invalid,
                     hint="the GPU reported text that is not UTF-8 (a corrupted InfoROM?); it is shown with U+FFFD "
                          "and the GPU is monitored as usual; check `nvidia-smi -q -i " + str(index) + "`")
-            found.append(DiscoveredGpu(identity=identity, features=dict(gpu.features), errors=errors))
+            found.append(DiscoveredGpu(identity=identity, features={}, errors=errors))
         self._devices = devices
         self._by_handle = {handle_key(d.handle): uuid for uuid, d in devices.items()}
-        self._register_events()
-        return found
+        self._register_events()  # a registration the GPU refuses turns its feature off: features after it
+        return [dataclasses.replace(d, features=dict(devices[d.identity.uuid].features)) for d in found]
 
     @staticmethod
     def _identity(handle: Any, index: int, texts: Texts) -> GpuIdentity:
@@ -348,8 +349,11 @@ class NvmlBackend:
                 for mask, _, handler in gpu.events:
                     if not data.eventType & mask:
                         continue
-                    if handler is not None:
-                        handler(gpu.identity.uuid)  # a stateful call's own (a MIG reconfiguration: enumerate now)
+                    if handler is not None:  # a stateful call's own (a MIG reconfiguration: enumerate now)
+                        try:
+                            handler(gpu.identity.uuid)
+                        except Exception as exc:  # the events drained so far are kept; the polls go on
+                            self._group_failed(gpu.identity.uuid, "events", exc)
                     elif not delivered:
                         delivered = True
                         events.append(XidEvent(uuid=gpu.identity.uuid, xid=int(data.eventData), timestamp=time.time()))

@@ -390,7 +390,7 @@ def slow_reading(g: SimGpu, video: bool = False) -> SlowSample:
     width = p.pcie_width if g.pcie_width is None else min(p.pcie_width, g.pcie_width)
     return slow_sample(
         temperature_threshold_celsius=thresholds,
-        utilization_ratio={"encoder": 0.0, "decoder": 0.0} if video else {},
+        utilization_ratio={"encoder": 0.0, "decoder": 0.0} if video and not p.mig_instances else {},
         clock_hertz={"video": (p.clock_max_mhz if g.busy else p.clock_idle_mhz)["video"] * 1e6},
         temperature_margin_threshold_celsius=margin_thresholds,
         power_limit_watts=dict(p.power_limit_watts),
