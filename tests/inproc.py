@@ -51,6 +51,7 @@ class InProc:
         self.h = Harness(config, backend=backend, clock=clock)
         self.config = config
         self.clock = self.h.clock
+        self.h.advance(0)  # as a daemon that has started: the jobs due at the start have run
 
     # -- time
     def advance(self, seconds: float) -> None:
