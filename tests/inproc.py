@@ -3,7 +3,8 @@ daemon.Daemon (``value``, ``wait_value``, ``metrics``, ``events``, ``get``), for
 subject is not the process: a rule that fires, a metric that appears, a GPU that gets lost.
 
 ``wait_value`` and ``wait_for`` advance the simulated clock poll by poll (no real waiting); over NVML
-the backend runs in a child process on the fake libnvidia-ml.so.1 (gpuwatch.testing.ChildBackend),
+the backend runs in a child process (gpuwatch.testing.ChildBackend, forked from a ForkServer per library
+variant: no start-up of Python per test) on the fake libnvidia-ml.so.1,
 which re-reads the state file on every call (FAKE_NVML_RECHECK_MS=0): a ``write`` is seen by the
 next poll.
 """
@@ -21,7 +22,7 @@ from daemon import isolated_env, parse
 
 from gpuwatch import logs
 from gpuwatch.clock import FakeClock
-from gpuwatch.testing import ChildBackend, Harness, load_config
+from gpuwatch.testing import ChildBackend, ForkServer, Harness, load_config
 from gpuwatch.web.app import App
 
 # what daemon.Daemon runs with
@@ -35,6 +36,7 @@ class InProc:
                  args: Sequence[str] | None = None, backend: Any = None, clock: FakeClock | None = None,
                  environ: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        self._parsed: tuple[str | None, dict] = (None, {})
         self.log = io.StringIO()
         logs.configure("debug", "json", stream=self.log)
         argv = [*DAEMON_ARGS, *(args or [])]
@@ -45,7 +47,7 @@ class InProc:
             env = isolated_env({**self.fx.env, "FAKE_NVML_RECHECK_MS": "0"})
             config = load_config(argv, {**env, **(environ or {})})
             self._child_log = open(workdir / "backend.log", "w+")
-            backend = ChildBackend(config, env, stderr=self._child_log)
+            backend = ChildBackend(config, env, stderr=self._child_log, server=ForkServer.shared(env))
         else:
             config = load_config(argv, {**isolated_env({}), **(environ or {})})
         self.h = Harness(config, backend=backend, clock=clock)
@@ -73,7 +75,10 @@ class InProc:
         return self.h.scrape()
 
     def metrics(self) -> dict:
-        return parse(self.h.scrape())
+        text = self.h.scrape()
+        if text != self._parsed[0]:  # parsing is what a wait costs most: once per rendered state
+            self._parsed = (text, parse(text))
+        return dict(self._parsed[1])
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics().get((name, tuple(sorted(labels.items()))))

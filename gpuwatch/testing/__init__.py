@@ -29,7 +29,7 @@ from gpuwatch.model import (
 from gpuwatch.store import Store
 
 __all__ = ["FakeClock", "ScriptedBackend", "identity", "fast_sample", "slow_sample", "exposition", "Harness",
-           "ChildBackend", "load_config"]
+           "ChildBackend", "ForkServer", "load_config"]
 
 
 def identity(index: int = 0, **overrides: Any) -> GpuIdentity:
@@ -201,5 +201,5 @@ def replace(obj: Any, **changes: Any) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
-from gpuwatch.testing.child import ChildBackend  # noqa: E402  (after the helpers the harness builds on)
+from gpuwatch.testing.child import ChildBackend, ForkServer  # noqa: E402  (after the helpers the harness builds on)
 from gpuwatch.testing.harness import Harness, load_config  # noqa: E402

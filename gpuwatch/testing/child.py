@@ -6,13 +6,21 @@ process starts), or one that should not share the test's process.
 the backend from ``config`` exactly as the daemon does (gpuwatch.agent.make_backend, on the real
 clock) and answers every Backend method; BackendUnavailable and DeviceLost come back as themselves,
 any other exception as a ChildError naming its type. Frames are pickles, each after its length.
+
+Starting Python and importing gpuwatch takes about a second; ``ChildBackend(config, env,
+server=ForkServer.shared(env))`` instead forks the child from a server process that has imported
+everything (but loaded no NVML library: pynvml loads it at the first nvmlInit) and that was started
+with ``env``'s ``LD_LIBRARY_PATH``; the child then takes ``env`` as its whole environment.
 """
 
 from __future__ import annotations
 
+import atexit
 import copyreg
 import os
 import pickle
+import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -37,6 +45,7 @@ copyreg.pickle(types.MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
 
 
 CHILD = "from gpuwatch.testing.child import main; main()"
+SERVER = "import sys; from gpuwatch.testing.child import server_main; server_main(int(sys.argv[1]))"
 
 
 class ChildError(RuntimeError):
@@ -76,6 +85,45 @@ def _decode_error(kind: str, args: tuple[Any, ...]) -> Exception:
     return ChildError(*args)
 
 
+class ForkServer:
+    """A process that forks backend children on request (see the module docstring); one per
+    ``LD_LIBRARY_PATH`` with ``shared``, ended at exit."""
+
+    _shared: dict[str, ForkServer] = {}
+    _shared_lock = threading.Lock()
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._lock = threading.Lock()
+        self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno())], env=dict(env),
+                                      pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+
+    @classmethod
+    def shared(cls, env: Mapping[str, str]) -> ForkServer:
+        key = env.get("LD_LIBRARY_PATH", "")
+        with cls._shared_lock:
+            server = cls._shared.get(key)
+            if server is None or server._proc.poll() is not None:
+                server = cls._shared[key] = cls(env)
+                atexit.register(server.stop)
+            return server
+
+    def fork(self, env: Mapping[str, str], channel: socket.socket, stderr: IO[Any] | None) -> None:
+        """A child with environment ``env`` that serves on ``channel`` and writes its output to ``stderr``."""
+        fds = [channel.fileno(), (stderr or sys.stderr).fileno()]
+        with self._lock:
+            socket.send_fds(self._control, [pickle.dumps(dict(env))], fds)
+
+    def stop(self) -> None:
+        self._control.close()  # end of requests: the server exits
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class ChildBackend:
     """The Backend protocol, answered by a backend in a child process (see the module docstring).
 
@@ -83,23 +131,35 @@ class ChildBackend:
     the backend in it, which may be opened again, as the protocol says).
     """
 
-    def __init__(self, config: Config, env: Mapping[str, str] | None = None, stderr: IO[Any] | None = None) -> None:
+    def __init__(self, config: Config, env: Mapping[str, str] | None = None, stderr: IO[Any] | None = None,
+                 server: ForkServer | None = None) -> None:
         self.name = config.backend
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen([sys.executable, "-c", CHILD], env=dict(env or os.environ),
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._to, self._from = self._proc.stdin, self._proc.stdout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._channel: socket.socket | None = None
+        if server is None:
+            self._proc = subprocess.Popen([sys.executable, "-c", CHILD], env=dict(env or os.environ),
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+            assert self._proc.stdin is not None and self._proc.stdout is not None
+            self._to, self._from = self._proc.stdin, self._proc.stdout
+        else:
+            self._channel, theirs = socket.socketpair()
+            server.fork(dict(env or os.environ), theirs, stderr)
+            theirs.close()
+            self._to, self._from = self._channel.makefile("wb"), self._channel.makefile("rb")
+        self._gone = False
+        self.pid: int = self._call("__pid__")
         self.name = self._call("__init__", config)
 
     def _call(self, method: str, *args: Any) -> Any:
         with self._lock:
-            if self._proc.poll() is not None:
-                raise ChildError(f"the backend's child process exited with {self._proc.returncode}")
+            if self._gone or (self._proc is not None and self._proc.poll() is not None):
+                raise ChildError("the backend's child process has ended")
             try:
                 _send(self._to, (method, args))
                 ok, value = _receive(self._from)
             except (EOFError, OSError) as exc:
+                self._gone = True
                 raise ChildError(f"the backend's child process went away ({exc})") from None
         if ok:
             return value
@@ -109,7 +169,7 @@ class ChildBackend:
         return self._call("open")
 
     def close(self) -> None:
-        if self._proc.poll() is None:
+        if not self._gone:
             self._call("close")
 
     def discover(self) -> list[DiscoveredGpu]:
@@ -124,20 +184,27 @@ class ChildBackend:
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
         return self._call("wait_events", timeout_seconds)
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """End the child (closing its backend first); its exit status."""
-        if self._proc.poll() is None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the child, its backend closed first (what it wrote, call counts included, is there on return)."""
+        if not self._gone:
             try:
-                self._to.close()  # end of input: the child closes its backend and exits
+                self._call("__stop__")
+            except ChildError:
+                pass
+            self._gone = True
+        for stream in (self._to, self._from):
+            try:
+                stream.close()
             except OSError:
                 pass
+        if self._channel is not None:
+            self._channel.close()
+        if self._proc is not None:
             try:
                 self._proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        self._from.close()
-        return self._proc.returncode
 
     def __enter__(self) -> ChildBackend:
         return self
@@ -147,7 +214,8 @@ class ChildBackend:
 
 
 def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
-    """The child's loop: build the backend from the first request's Config, then answer until end of input."""
+    """The child's loop: build the backend from the first request's Config, then answer until end of input
+    or ``__stop__``; the backend is closed before the answer to ``__stop__``."""
     from gpuwatch import logs
     from gpuwatch.agent import make_backend
     from gpuwatch.clock import SystemClock
@@ -159,11 +227,19 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
         except EOFError:
             break
         try:
-            if method == "__init__":
+            if method == "__pid__":
+                result: Any = os.getpid()
+            elif method == "__init__":
                 config: Config = args[0]
                 logs.configure(config.log_level, "json")
                 backend = make_backend(config, SystemClock())
-                result: Any = backend.name
+                result = backend.name
+            elif method == "__stop__":
+                if backend is not None:
+                    backend.close()
+                    backend = None
+                _send(answers, (True, None))
+                break
             else:
                 result = getattr(backend, method)(*args)
         except Exception as exc:
@@ -178,6 +254,36 @@ def main() -> None:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the answers
     serve(sys.stdin.buffer, answers)
+
+
+def server_main(control_fd: int) -> None:
+    """The fork server: import what a backend child needs, then fork one per request until end of input."""
+    import gpuwatch.agent
+    import gpuwatch.backends.nvml  # noqa: F401  (pynvml too; it loads no library before nvmlInit)
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children are nobody's to wait for: reaped at once
+    control = socket.socket(fileno=control_fd)
+    while True:
+        message, fds, _flags, _address = socket.recv_fds(control, 1 << 20, 2)
+        if not message:
+            return
+        if os.fork() == 0:
+            try:
+                control.close()
+                os.environ.clear()
+                os.environ.update(pickle.loads(message))
+                channel_fd, output_fd = fds
+                os.dup2(output_fd, 1)
+                os.dup2(output_fd, 2)
+                os.close(output_fd)
+                channel = socket.socket(fileno=channel_fd)
+                serve(channel.makefile("rb"), channel.makefile("wb"))
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
 
 
 if __name__ == "__main__":  # pragma: no cover
