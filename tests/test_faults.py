@@ -20,6 +20,8 @@ import fakenvml
 import pytest
 from daemon import Daemon, fake_env, parse, stop_process, wait_for
 
+pytestmark = pytest.mark.daemon  # the real process under faults of its own (requests, logs, clock steps, config files)
+
 FAKETIME_LIB = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
                                  "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1") if os.path.exists(p)), None)
 

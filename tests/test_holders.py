@@ -15,6 +15,8 @@ import pytest
 from daemon import Daemon, fake_env, stop_process, wait_for
 from fakehost import fake_process, proc_stat, scontrol_world, slurm_v1_job, slurm_v2_job
 
+pytestmark = pytest.mark.daemon  # the host side through the real process (scontrol, cgroups, the kubelet, a hung scontrol)
+
 TESTS = Path(__file__).parent
 SCONTROL = str(TESTS / "fakes" / "scontrol")
 SLURM_V2 = "0::/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0\n"

@@ -25,6 +25,8 @@ from daemon import Daemon, parse, wait_for
 
 from gpuwatch.rules import all_rules
 
+pytestmark = pytest.mark.daemon  # `gpuwatch once` and `gpuwatch run` over NVIDIA's mock library, the process as shipped
+
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 PROFILES = ([pytest.param(p, id=p.stem.removeprefix("mock-nvml-config-")) for p in mocknvml.profile_paths()]
