@@ -143,6 +143,7 @@ def duration_seconds(text: str) -> float:
 # ------------------------------------------------------------------------------------- promtool
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("path", [ALERT_RULES, RECORDING_RULES, GLOBAL_RULES], ids=lambda p: p.name)
 def test_promtool_check_rules(promtool, path):
     rc, output = run(promtool, "check", "rules", "--lint=all", "--lint-fatal", path)
@@ -151,6 +152,7 @@ def test_promtool_check_rules(promtool, path):
     assert "warning" not in output.lower(), output
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("path", ALERT_TESTS + RECORDING_TESTS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_promtool_test_rules(promtool, path):
     rc, output = run(promtool, "test", "rules", path.name, cwd=path.parent)
@@ -163,6 +165,7 @@ def test_there_are_promtool_tests():
     assert RECORDING_TESTS, "no promtool tests under deploy/prometheus/tests"
 
 
+@pytest.mark.stack
 def test_scrape_config_example_passes_promtool_check_config(promtool, tmp_path):
     """Installed as the example's header says: rule files under rules/, targets under file_sd/."""
     shutil.copy(SCRAPE_EXAMPLE, tmp_path / "prometheus.yml")
@@ -179,6 +182,7 @@ def test_scrape_config_example_passes_promtool_check_config(promtool, tmp_path):
     assert "warning" not in output.lower(), output  # e.g. a file_sd glob matching no file
 
 
+@pytest.mark.stack
 def test_shard_example_passes_promtool_check_config(promtool, tmp_path):
     """The sharded layout of docs/scaling.md, installed as the example's header says."""
     shutil.copy(SHARD_EXAMPLE, tmp_path / "prometheus.yml")

@@ -446,6 +446,7 @@ STATIC_VALUES = {"job": "gpuwatch", "instance": ".+", "gpu": ".+", "user": ".*",
                  "__rate_interval": "30s", "__interval": "5s", "__interval_ms": "5000", "__range": "10m"}
 
 
+@pytest.mark.stack
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
 def test_every_query_parses_with_promtool(tmp_path):
     rules = []
@@ -653,6 +654,8 @@ def _values(instances: dict[str, str]) -> dict[str, str]:
     return {**STATIC_VALUES, "instance": regex}
 
 
+@pytest.mark.daemon
+@pytest.mark.stack
 def test_every_panel_query_returns_data(stack):
     prom, instances = stack
     values = _values(instances)
@@ -687,6 +690,8 @@ def _panel_result(prom, instances, uid, title, ref="A") -> list[dict]:
     return prom.result(_substitute(t["expr"], _values(instances)))
 
 
+@pytest.mark.daemon
+@pytest.mark.stack
 def test_fault_panels_show_the_faults(stack):
     prom, instances = stack
     nvml, sim = instances["nvml"], instances["sim"]
@@ -754,6 +759,8 @@ def test_fault_panels_show_the_faults(stack):
     assert all(s["metric"]["name"] for s in fans)  # the name join works
 
 
+@pytest.mark.daemon
+@pytest.mark.stack
 def test_jobs_panels_show_the_jobs(stack):
     prom, instances = stack
     nvml = instances["nvml"]

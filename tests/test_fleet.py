@@ -17,6 +17,8 @@ import yaml
 from benchfleet import fleet_bench, new_fleet, rules_for_tests
 from daemon import wait_for
 
+pytestmark = [pytest.mark.daemon, pytest.mark.stack]  # a fleet of gpuwatch processes scraped by Prometheus
+
 RACKS = {"r1": "hall-1", "r2": "hall-1", "r3": "hall-1", "r4": "hall-2"}
 
 

@@ -399,6 +399,7 @@ def test_args_run_the_daemon_with_one_value_per_flag():
     assert len(_flags()) == len(set(_flags()))
 
 
+@pytest.mark.daemon
 @pytest.mark.parametrize("flag", _flags())
 def test_every_flag_is_a_gpuwatch_flag(flag, help_flags):
     assert flag in help_flags, f"{flag} is not an option of `gpuwatch run`"

@@ -4,6 +4,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatch import logs
 from gpuwatch.clock import FakeClock
 from gpuwatch.exporter.catalogue import CATALOGUE
 from gpuwatch.model import FEATURES, DiscoveredGpu
@@ -172,7 +173,7 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
                         state, None if group.host else fast, host if group.host else slow))
             if host is not None and host.allocated is not None:
                 collecting(prefix)("gpuwatch_gpu_allocated", (), host.allocated)
-        Renderer(staleness, build_labels())._node(collecting(()), snap, now, 90.0, 0)
+        Renderer(staleness, build_labels())._node(collecting(()), snap, now, 90.0, logs.dropped_lines())
         assert {"gpuwatch_gpu_allocated", "gpuwatch_gpu_pod_info", "gpuwatch_job_cpu_seconds_total",
                 "gpuwatch_collector_errors_total"} <= rows.keys()
         registry = CollectorRegistry(auto_describe=False)

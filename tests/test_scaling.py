@@ -23,6 +23,8 @@ import yaml
 from benchfleet import fleet_bench, new_fleet, rules_for_tests
 from daemon import wait_for
 
+pytestmark = [pytest.mark.daemon, pytest.mark.stack]  # sharded Prometheus servers over a fleet of gpuwatch processes
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARDING = ROOT / "deploy" / "prometheus" / "sharding"
 
