@@ -73,3 +73,20 @@ def test_no_module_is_over_500_lines():
     long = {name: n for name, path in modules() if (n := len(path.read_text().splitlines())) > 500}
     assert long == {"gpuwatch.backends.nvml": long.get("gpuwatch.backends.nvml"),
                     "gpuwatch.backends.simulated.faults": long.get("gpuwatch.backends.simulated.faults")}
+
+
+def test_the_tests_import_nothing_from_bench():
+    """bench/ may use the tests' fakes and fleet (tests/fleetsim.py); the tests never load bench/ code."""
+    tests = Path(__file__).resolve().parent
+    bench = {path.stem for path in (tests.parent / "bench").glob("*.py")}
+    local = {path.stem for path in tests.glob("*.py")}  # a module of tests/ that has a bench/ namesake
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if "build" in path.parts or path == Path(__file__).resolve():
+            continue
+        text = path.read_text()
+        found += [f"{path.name} imports {name}" for name in imports(path)
+                  if name.split(".")[0] == "bench" or (name.split(".")[0] in bench - local)]
+        found += [f"{path.name} loads a file of bench/" for line in text.splitlines()
+                  if "spec_from_file_location" in line and "bench" in line]
+    assert found == []

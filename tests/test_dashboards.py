@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fakenvml
+import fleetsim
 import pytest
 import yaml
-from benchfleet import fleet_bench, quick
 from daemon import Daemon, fake_env, stop_process, wait_for
+from fleetsim import quick
 
 from gpuwatch.exporter.catalogue import CATALOGUE
 
@@ -84,7 +85,7 @@ def load(uid: str) -> dict:
     return json.loads(DASHBOARD_FILES[uid].read_text())
 
 
-all_panels = fleet_bench.all_panels  # every panel, those of collapsed rows too
+all_panels = fleetsim.all_panels  # every panel, those of collapsed rows too
 
 
 def query_panels(dashboard: dict) -> list[dict]:
@@ -439,7 +440,7 @@ def test_dashboards_cover_the_brief():
         assert jobs[title]["type"] == "table", title
 
 
-_substitute = fleet_bench.substitute  # Grafana's variables replaced (an unknown one fails)
+_substitute = fleetsim.substitute  # Grafana's variables replaced (an unknown one fails)
 
 
 STATIC_VALUES = {"job": "gpuwatch", "instance": ".+", "gpu": ".+", "user": ".*", "job_id": ".*", "__range_s": "600",
