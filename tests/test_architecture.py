@@ -1,11 +1,13 @@
 """Import rules of the architecture (style.md): data flows backend -> poller -> store -> exporter."""
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpuwatch"
 
 
+@functools.cache
 def imports(path):
     tree = ast.parse(path.read_text())
     found = set()
@@ -14,7 +16,7 @@ def imports(path):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-    return found
+    return frozenset(found)
 
 
 def modules():
