@@ -47,6 +47,8 @@ def test_a_backend_that_cannot_open_is_retried_with_backoff_on_simulated_time():
     backend.open_error = None
     h.run_until(lambda: h.snapshot().backend_up, timeout=60, what="the backend up")
     assert h.now() == 62  # the next try: 30 + 32 s
+    h.advance(95 - 62)
+    assert h.runs["host"] == 5  # at 0, 30 and 60 s, woken by the discovery at 62 s, then at 90 s as scheduled
 
 
 def test_events_are_drained_after_each_job_and_a_lost_gpu_fires():

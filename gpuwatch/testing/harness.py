@@ -64,6 +64,7 @@ class Harness:
         self._due = {"fast": now, "slow": now + slow, "rules": now + self.intervals["rules"]}
         if self.agent.host is not None:
             self._due["host"] = now
+        self._host_grid: float | None = None  # the host job's next scheduled run while a woken one is due
         self._events = bool({"xid", "mig"} & self.config.collectors)
         self.runs = dict.fromkeys(JOBS, 0)  # how many times each job ran
         self.closed = False
@@ -85,7 +86,11 @@ class Harness:
                 break
             self._move_to(due)
             self._run(job)
-            self._due[job] = due + self.intervals[job]
+            if job == "host" and self._host_grid is not None:
+                # a run woken by a discovery: the job's schedule goes on from where it was
+                self._due[job], self._host_grid = self._host_grid, None
+            else:
+                self._due[job] = due + self.intervals[job]
         self._move_to(target)
         self.drain_events()
 
@@ -119,9 +124,12 @@ class Harness:
             self.poller.poll_host()
         else:
             self.poller.evaluate_if_due()
-        if not was_up and self.poller.backend_up and "host" in self._due:
-            # a discovery wakes the host job (Poller._wake_host): the allocations of the GPUs just found
-            self._due["host"] = self.clock.monotonic()
+        if not was_up and self.poller.backend_up and "host" in self._due and job != "host":
+            # a discovery wakes the host job (Poller._wake_host: the allocations of the GPUs just found);
+            # APScheduler's interval trigger then keeps the job's own schedule
+            if self._due["host"] > self.clock.monotonic() + _EPSILON:
+                self._host_grid = self._due["host"]
+                self._due["host"] = self.clock.monotonic()
         self.drain_events()
 
     def drain_events(self) -> None:
