@@ -20,6 +20,8 @@ import yaml
 
 from gpuwatch.rules import all_rules
 
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it: the same documents, faster
+
 ROOT = Path(__file__).resolve().parent.parent
 ALERT_RULES = ROOT / "alerts" / "gpuwatch.rules.yml"
 ALERT_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yml"))
@@ -61,7 +63,7 @@ def run(promtool: str, *args: str | Path, cwd: Path | None = None) -> tuple[int,
 
 def load(path: Path) -> dict:
     with path.open(encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+        return yaml.load(fh, Loader=YAML_LOADER)
 
 
 def fleet_alerts() -> dict[str, str]:
