@@ -93,8 +93,8 @@ def inproc(tmp_path):
     same reading API as ``start``'s daemons (``wait_value`` advances simulated time). Closed at the end."""
     made = []
 
-    def make(node=None, old_driver=False, args=None, backend=None, clock=None, environ=None):
-        agent = InProc(tmp_path / f"inproc{len(made)}", node, old_driver, args, backend, clock, environ)
+    def make(node=None, old_driver=False, args=None, backend=None, clock=None, environ=None, nvml_env=None):
+        agent = InProc(tmp_path / f"inproc{len(made)}", node, old_driver, args, backend, clock, environ, nvml_env)
         made.append(agent)
         return agent
 

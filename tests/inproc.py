@@ -34,7 +34,9 @@ class InProc:
 
     def __init__(self, workdir: Path, node: fakenvml.FakeNode | None = None, old_driver: bool = False,
                  args: Sequence[str] | None = None, backend: Any = None, clock: FakeClock | None = None,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, nvml_env: dict[str, str] | None = None) -> None:
+        """Over the fake library serving ``node``, or over the NVML library that ``nvml_env`` (a whole
+        environment, LD_LIBRARY_PATH first: NVIDIA's mock, tests/mocknvml.py) loads, or over ``backend``."""
         self.workdir = workdir
         self._parsed: tuple[str | None, dict] = (None, {})
         self.log = io.StringIO()
@@ -42,12 +44,19 @@ class InProc:
         argv = [*DAEMON_ARGS, *(args or [])]
         self.fx = None
         self._child_log = None
-        if node is not None:
-            self.fx = fakenvml.prepare(workdir, node, old_driver=old_driver)
-            env = isolated_env({**self.fx.env, "FAKE_NVML_RECHECK_MS": "0"})
+        if node is not None or nvml_env is not None:
+            if node is not None:
+                self.fx = fakenvml.prepare(workdir, node, old_driver=old_driver)
+                env = isolated_env({**self.fx.env, "FAKE_NVML_RECHECK_MS": "0"})
+            else:
+                workdir.mkdir(parents=True, exist_ok=True)
+                env = dict(nvml_env or {})
             config = load_config(argv, {**env, **(environ or {})})
             self._child_log = open(workdir / "backend.log", "w+")
-            backend = ChildBackend(config, env, stderr=self._child_log, server=ForkServer.shared(env))
+            # the fake library reads its environment at nvmlInit: its children fork from a server; NVIDIA's
+            # mock (Go) takes the environment the process started with, so it gets a process of its own
+            server = ForkServer.shared(env) if node is not None else None
+            backend = ChildBackend(config, env, stderr=self._child_log, server=server)
         else:
             config = load_config(argv, {**isolated_env({}), **(environ or {})})
         self.h = Harness(config, backend=backend, clock=clock)
