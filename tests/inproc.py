@@ -34,15 +34,18 @@ class InProc:
 
     def __init__(self, workdir: Path, node: fakenvml.FakeNode | None = None, old_driver: bool = False,
                  args: Sequence[str] | None = None, backend: Any = None, clock: FakeClock | None = None,
-                 environ: dict[str, str] | None = None, nvml_env: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, nvml_env: dict[str, str] | None = None,
+                 child: ChildBackend | None = None) -> None:
         """Over the fake library serving ``node``, or over the NVML library that ``nvml_env`` (a whole
-        environment, LD_LIBRARY_PATH first: NVIDIA's mock, tests/mocknvml.py) loads, or over ``backend``."""
+        environment, LD_LIBRARY_PATH first: NVIDIA's mock, tests/mocknvml.py) loads, or over a new backend
+        in ``child`` (a ChildBackend its owner keeps and stops), or over ``backend``."""
         self.workdir = workdir
         self._parsed: tuple[str | None, dict] = (None, {})
         self.log = io.StringIO()
         logs.configure("debug", "json", stream=self.log)
         argv = [*DAEMON_ARGS, *(args or [])]
         self.fx = None
+        self._child: ChildBackend | None = None
         self._child_log = None
         if node is not None or nvml_env is not None:
             if node is not None:
@@ -56,9 +59,12 @@ class InProc:
             # the fake library reads its environment at nvmlInit: its children fork from a server; NVIDIA's
             # mock (Go) takes the environment the process started with, so it gets a process of its own
             server = ForkServer.shared(env) if node is not None else None
-            backend = ChildBackend(config, env, stderr=self._child_log, server=server)
+            backend = self._child = ChildBackend(config, env, stderr=self._child_log, server=server)
         else:
             config = load_config(argv, {**isolated_env({}), **(environ or {})})
+            if child is not None:
+                child.configure(config)
+                backend = child
         self.h = Harness(config, backend=backend, clock=clock)
         self.config = config
         self.clock = self.h.clock
@@ -128,6 +134,9 @@ class InProc:
 
     def stop(self) -> None:
         self.h.close()
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
         if self._child_log is not None:
             self._child_log.close()
             self._child_log = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import mocknvml
 import pytest
@@ -24,6 +24,7 @@ from daemon import Daemon, wait_for
 from inproc import InProc
 
 from gpuwatch.rules import all_rules
+from gpuwatch.testing import ChildBackend, load_config
 
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -50,7 +51,29 @@ def lib(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def once(lib, tmp_path_factory) -> Callable[..., Metrics]:
+def children(lib, tmp_path_factory) -> Callable[[mocknvml.Profile], ChildBackend]:
+    """children(profile): a process that has loaded the mock serving the profile, one per profile in this
+    module (the mock takes its profile when its process starts: a second one costs a Python start-up);
+    each agent builds its own backend in it (ChildBackend.configure), as a new configuration would."""
+    made: dict[str, tuple[ChildBackend, IO[str]]] = {}
+
+    def child(profile: mocknvml.Profile) -> ChildBackend:
+        key = json.dumps(profile.doc, sort_keys=True, default=str)
+        if key not in made:
+            workdir = tmp_path_factory.mktemp(profile.name)
+            env = mocknvml.env(lib, profile.write(workdir))
+            log = open(workdir / "backend.log", "w")
+            made[key] = ChildBackend(load_config((), env), env, stderr=log), log
+        return made[key][0]
+
+    yield child
+    for process, log in made.values():
+        process.stop()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def once(children, tmp_path_factory) -> Callable[..., Metrics]:
     """once(profile, *args): the metrics of `gpuwatch once` over the profile (the backend up asserted: its
     exit 0), the agent in-process (inproc.InProc: the first fast poll, its slow poll, the host groups); run
     once per profile and arguments in this module."""
@@ -59,11 +82,10 @@ def once(lib, tmp_path_factory) -> Callable[..., Metrics]:
     def run(profile: mocknvml.Profile, *args: str) -> Metrics:
         key = (profile.path, json.dumps(profile.doc, sort_keys=True, default=str), args)
         if key not in cache:
-            workdir = tmp_path_factory.mktemp(profile.name)
-            d = InProc(workdir / "agent", args=["--log.level", "info", *args],
-                       nvml_env=mocknvml.env(lib, profile.write(workdir)))
+            d = InProc(tmp_path_factory.mktemp(profile.name), args=["--log.level", "info", *args],
+                       child=children(profile))
             try:
-                assert d.h.poller.backend_up, d.events()  # `gpuwatch once` exits 0
+                assert d.h.poller.backend_up  # `gpuwatch once` exits 0
                 cache[key] = d.metrics()
             finally:
                 d.stop()
@@ -391,14 +413,17 @@ EAGER = {"rules": {r.id: {"hold": 0, "every": 0} for r in all_rules()}}
 
 
 def start(lib: Path, workdir: Path, profile: mocknvml.Profile, config: dict[str, Any] | None = None,
-          args: tuple[str, ...] = (), daemon: bool = False) -> Daemon | InProc:
+          args: tuple[str, ...] = (), daemon: bool = False, child: ChildBackend | None = None) -> Daemon | InProc:
     """The agent over the profile, fast polls every 0.25 s, slow every 1 s: in-process on simulated time
-    (inproc.InProc), or ``daemon``: `gpuwatch run` (tests/daemon.py), where the mock's own clock matters."""
+    (inproc.InProc; over a backend in ``child`` if given), or ``daemon``: `gpuwatch run` (tests/daemon.py),
+    where the mock's own clock matters."""
     workdir.mkdir(parents=True, exist_ok=True)
     extra = list(args)
     if config is not None:
         (workdir / "gpuwatch.yml").write_text(json.dumps(config))
         extra += ["--config", str(workdir / "gpuwatch.yml")]
+    if child is not None:
+        return InProc(workdir / "agent", args=extra, child=child)
     env = mocknvml.env(lib, profile.write(workdir / "profile"))
     if daemon:
         return Daemon(workdir, env, extra)
@@ -415,9 +440,9 @@ def poll_errors(m: Metrics) -> dict[tuple[tuple[str, str], ...], float]:
 
 
 @pytest.mark.parametrize("path", PROFILES)
-def test_run_exports_the_profiles_values_and_polls_cleanly(lib, tmp_path, path):
+def test_run_exports_the_profiles_values_and_polls_cleanly(lib, children, tmp_path, path):
     profile = mocknvml.Profile.load(path)
-    d = start(lib, tmp_path, profile, EAGER)
+    d = start(lib, tmp_path, profile, EAGER, child=children(profile))
     try:
         def polled(count: int) -> Metrics | None:
             m = d.metrics()

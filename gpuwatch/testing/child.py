@@ -149,6 +149,11 @@ class ChildBackend:
             self._to, self._from = self._channel.makefile("wb"), self._channel.makefile("rb")
         self._gone = False
         self.pid: int = self._call("__pid__")
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """A new backend in the same child, built from ``config`` (the one it had is closed first): the
+        library the process loaded stays loaded, as it would in a daemon whose configuration changed."""
         self.name = self._call("__init__", config)
 
     def _call(self, method: str, *args: Any) -> Any:
@@ -232,6 +237,8 @@ def serve(requests: IO[bytes], answers: IO[bytes]) -> None:
             elif method == "__init__":
                 config: Config = args[0]
                 logs.configure(config.log_level, "json")
+                if backend is not None:
+                    backend.close()
                 backend = make_backend(config, SystemClock())
                 result = backend.name
             elif method == "__stop__":
