@@ -555,8 +555,9 @@ def test_check_drain_resume_from_the_command_line(tmp_path, fake):
         # healthy again (GPU reset): resumed once healthy for --resume-after (0 here: at once)
         node.gpus[1].ecc_errors = {(0, 0): 0, (1, 0): 0, (0, 1): 0, (1, 1): 2}
         fx.write(node)
-        wait_for(lambda: check("--resume-after", "0", "--min-interval", "0")[0] == 0, timeout=30,
-                 what="the anomaly to clear")
+        d.wait_value("gpuwatch_anomaly", None, gpu="1", uuid=node.gpus[1].uuid, rule="ecc_uncorrectable",
+                     severity="critical", timeout=30)  # cleared: healthy from the next look on
+        assert check("--resume-after", "0", "--min-interval", "0")[0] == 0
         assert fake.node()["state"] == "IDLE" and fake.updates()[-1] == ["update", f"NodeName={NODE}", "State=RESUME"]
         rc, out, _ = check("--resume-after", "soon")
         assert (rc, out) == (78, "")
