@@ -10,12 +10,15 @@ any other exception as a ChildError naming its type. Frames are pickles, each af
 Starting Python and importing gpuwatch takes about a second; ``ChildBackend(config, env,
 server=ForkServer.shared(env))`` instead forks the child from a server process that has imported
 everything (but loaded no NVML library: pynvml loads it at the first nvmlInit) and that was started
-with ``env``'s ``LD_LIBRARY_PATH``; the child then takes ``env`` as its whole environment.
+with ``env``'s ``LD_LIBRARY_PATH``; the child then takes ``env`` as its whole environment. That is for a
+library that reads its environment when it is called, as tests/fakenvml's does at nvmlInit; one that takes
+the environment its process started with (NVIDIA's mock, in Go) needs a process of its own.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copyreg
 import os
 import pickle
@@ -163,7 +166,7 @@ class ChildBackend:
             try:
                 _send(self._to, (method, args))
                 ok, value = _receive(self._from)
-            except (EOFError, OSError) as exc:
+            except (EOFError, OSError) as exc:  # OSError: a socket timeout too (stop())
                 self._gone = True
                 raise ChildError(f"the backend's child process went away ({exc})") from None
         if ok:
@@ -190,12 +193,17 @@ class ChildBackend:
         return self._call("wait_events", timeout_seconds)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """End the child, its backend closed first (what it wrote, call counts included, is there on return)."""
+        """End the child, its backend closed first (what it wrote, call counts included, is there on return);
+        a child that does not answer within ``timeout`` (a call that hangs) is killed."""
         if not self._gone:
+            if self._channel is not None:
+                self._channel.settimeout(timeout)
             try:
                 self._call("__stop__")
             except ChildError:
-                pass
+                if self._channel is not None:  # a forked child is not ours to wait for: killed by its pid
+                    with contextlib.suppress(OSError):
+                        os.kill(self.pid, signal.SIGKILL)
             self._gone = True
         for stream in (self._to, self._from):
             try:
