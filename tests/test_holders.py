@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import fakenvml
@@ -126,33 +125,34 @@ def test_a_hung_scontrol_delays_no_poll(tmp_path):
         d.stop()
 
 
-@pytest.mark.daemon
-def test_input_bound_fires_on_a_job_whose_loaders_saturate_its_cpus_while_its_gpu_waits(tmp_path):
+def test_input_bound_fires_on_a_job_whose_loaders_saturate_its_cpus_while_its_gpu_waits(tmp_path, inproc,
+                                                                                        monkeypatch):
     """GPU 0 runs at 35 % for job 42, whose four loader processes keep its 4 CPUs 97 % busy: input_bound
     fires. GPU 1 runs at 35 % for job 43, whose CPUs idle at 10 %: silent. The CPU times grow in the
-    fake /proc as the test goes (rewritten on every look), so the daemon's rates are real rates."""
+    fake /proc with the agent's (simulated) time, rewritten on every look, so its rates are those rates."""
     node = fakenvml.FakeNode.l40s(2)
     for gpu in node.gpus:
         gpu.utilization = (35, 20)
-    fx = fakenvml.prepare(tmp_path, node)
     proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
     proc_stat(proc)
     slurm_v1_job(cgroup, 42, 1000, [100, 101, 102, 103], minors=[node.gpus[0].minor], cpus="0-3")
     slurm_v1_job(cgroup, 43, 1000, [200], minors=[node.gpus[1].minor], cpus="4-7")
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {input_bound: {hold: 0, every: 0, window_seconds: 2}}\n")
-    d = Daemon(tmp_path, host_env(fx, tmp_path), host_args(tmp_path, "--config", str(config)))
-    t0 = time.monotonic()
+    for name, value in host_env_of_scontrol(tmp_path).items():
+        monkeypatch.setenv(name, value)  # what the agent's scontrol inherits
+    d = inproc(node, args=host_args(tmp_path, "--config", str(config)))
+    t0 = d.clock.monotonic()
 
     def tick():
-        elapsed = time.monotonic() - t0
+        elapsed = d.clock.monotonic() - t0
         for pid in (100, 101, 102, 103):
             fake_process(proc, pid, user=0.97 * elapsed, read_bytes=0)
         fake_process(proc, 200, user=0.1 * 4 * elapsed, read_bytes=0)
         return d.value("gpuwatch_anomaly", gpu="0", uuid=node.gpus[0].uuid, rule="input_bound", severity="warning")
     try:
         tick()
-        wait_for(tick, timeout=30, what="input_bound on GPU 0")
+        d.wait_for(tick, timeout=30, what="input_bound on GPU 0")
         status = json.loads(d.get("/api/v1/status")[1])
         found = {a["gpu"]: a for a in status["anomalies"] if a["rule"] == "input_bound"}  # the firing ones
         assert "slurm job 42's 4 processes keep" in found["0"]["summary"]
