@@ -19,8 +19,8 @@ deploy/prometheus/recording.rules.yml and budgets.rules.yml. After ``--settle`` 
 - each rule group's last evaluation time against its interval (/api/v1/rules);
 - head series (/api/v1/status/tsdb) and Prometheus' RSS.
 
-``Fleet`` is also what tests/test_fleet.py starts (small, with per-process faults): a real
-Prometheus over real gpuwatch processes. Results: a table, bench/out/fleet.json; docs/performance.md.
+``Fleet`` (tests/fleetsim.py) is also what tests/test_fleet.py starts (small, with per-process faults): a
+real Prometheus over real gpuwatch processes. Results: a table, bench/out/fleet.json; docs/performance.md.
 """
 
 from __future__ import annotations
@@ -29,272 +29,29 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import fakehost  # noqa: E402
-import fakenvml  # noqa: E402
-from daemon import fake_env, stop_process, wait_for  # noqa: E402
+from daemon import wait_for  # noqa: E402
+from fleetsim import (  # noqa: E402  (tests/fleetsim.py: the fleet the tests start, here at scale)
+    MAX_SAMPLES,
+    RULE_FILES,
+    Fleet,
+    dashboard_queries,
+    get_json,
+    layout,
+    reads_recorded,
+    rule_groups,
+)
 
 OUT = ROOT / "bench" / "out"
-RULE_FILES = (ROOT / "alerts" / "gpuwatch.rules.yml", ROOT / "deploy" / "prometheus" / "recording.rules.yml",
-              ROOT / "deploy" / "prometheus" / "budgets.rules.yml")
-DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
-MAX_SAMPLES = 50_000_000  # Prometheus' default --query.max-samples
-
-
-def _get(url: str, timeout: float = 30.0) -> dict:
-    """The API's JSON document, also for a query it refuses (400/422 carry {"status": "error", ...})."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return json.loads(exc.read() or b'{"status": "error", "error": "HTTP %d"}' % exc.code)
-
-
-@dataclass
-class Node:
-    """One gpuwatch process over its own fake node (what ``margin`` and ``watts`` make of it)."""
-
-    name: str
-    process: subprocess.Popen
-    address: str
-
-
-@dataclass
-class Server:
-    """One Prometheus on loopback: its HTTP API."""
-
-    name: str
-    process: subprocess.Popen | None
-    base: str
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base + "/-/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def query(self, expr: str, at: float | None = None, stats: bool = False) -> dict:
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        if stats:
-            params["stats"] = "all"
-        return _get(self.base + "/api/v1/query?" + urllib.parse.urlencode(params))
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> dict:
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}", "stats": "all"}
-        return _get(self.base + "/api/v1/query_range?" + urllib.parse.urlencode(params), timeout=120)
-
-    def result(self, expr: str) -> list[dict]:
-        document = self.query(expr)
-        assert document["status"] == "success", document
-        return document["data"]["result"]
-
-
-@dataclass
-class Fleet:
-    workdir: Path
-    interval: str = "15s"
-    nodes: dict[str, Node] = field(default_factory=dict)
-    prometheus: subprocess.Popen | None = None
-    base: str = ""
-    servers: list[Server] = field(default_factory=list)
-    main: Server | None = None
-
-    def node(self, name: str, gpus: int = 8, margin: float = 25.0, watts: float = 600.0,
-             hot_gpu: int | None = None, throttled: bool = False, jobs: int = 0, args: tuple[str, ...] = ()) -> Node:
-        """A gpuwatch process over an H200 x ``gpus`` fake node: every GPU at ``watts`` of 700 W and
-        ``margin`` °C of T.Limit margin (headroom to slowdown = margin + 2 on an H200), GPU ``hot_gpu``
-        at 3 °C; ``throttled``: every GPU in SW thermal slowdown; ``jobs``: that many Slurm jobs hold
-        the GPUs, round robin (a prolog's mapping directory: gpuwatch_gpu_job_info of each), each with a
-        host side (a cgroup and a process: gpuwatch_job_cpu_seconds_total, ...); ``args``: more of gpuwatch's
-        flags."""
-        work = self.workdir / name
-        node = fakenvml.FakeNode.h200(gpus)
-        for i, gpu in enumerate(node.gpus):
-            gpu.power_mw = int(watts * 1000)
-            gpu.margin_temperature = 3 if i == hot_gpu else int(margin)
-            gpu.temperature = 87 - gpu.margin_temperature - 2
-            if throttled:
-                gpu.clocks_event_reasons = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
-        fx = fakenvml.prepare(work, node, counts=False)
-        extra = []
-        if jobs:
-            mapping = work / "jobs"
-            mapping.mkdir()
-            for i in range(gpus):
-                (mapping / str(i)).write_text(f"{7000 + i % jobs}\n")
-            extra = ["--attribution.hpc-job-mapping-dir", str(mapping), *self._host_side(work, jobs)]
-        log = open(work / "gpuwatch.log", "w")
-        argv = [sys.executable, "-m", "gpuwatch", "run", "--web.listen-address", "127.0.0.1:0", "--log.format", "json",
-                "--log.level", "info", *extra, *args]
-        process = subprocess.Popen(argv, env=fake_env(fx), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
-
-        def listening() -> str | None:
-            if process.poll() is not None:
-                raise AssertionError(f"gpuwatch {name} exited: {(work / 'gpuwatch.log').read_text()[-2000:]}")
-            for line in (work / "gpuwatch.log").read_text().splitlines():
-                if '"started"' in line:
-                    return str(json.loads(line)["listen"][0])
-            return None
-        address = wait_for(listening, 60, f"gpuwatch {name} to listen")
-        self.nodes[name] = Node(name, process, str(address))
-        return self.nodes[name]
-
-    @staticmethod
-    def _host_side(work: Path, jobs: int) -> list[str]:
-        """Each job's host side, for the jobs group: a cgroup v2 job with a data-loader process in a fake
-        /proc (tests/fakehost.py), so that gpuwatch_job_cpu_seconds_total and friends exist per job."""
-        proc, cgroup = work / "proc", work / "cgroup"
-        fakehost.proc_stat(proc)
-        for j in range(jobs):
-            job_id, pid = 7000 + j, 10_000 + j
-            fakehost.fake_process(proc, pid, user=100.0, system=5.0, iowait=1.0, read_bytes=10**9,
-                                  cgroup=f"0::/system.slice/slurmstepd.scope/job_{job_id}/step_0/user/task_0\n")
-            job = fakehost.slurm_v2_job(cgroup, job_id, [pid], cpus=f"{j}")
-            (job / "cpu.stat").write_text("usage_usec 105000000\nuser_usec 100000000\nsystem_usec 5000000\n")
-        return ["--attribution.proc-root", str(proc), "--attribution.cgroup-root", str(cgroup),
-                "--no-collector.kubernetes"]
-
-    def static_configs(self, targets: list[tuple[str, str, dict[str, str]]]) -> list[dict]:
-        """``targets``: (instance, node process name, topology labels) as Prometheus static_configs."""
-        return [{"targets": [self.nodes[proc].address], "labels": {"instance": instance, **labels}}
-                for instance, proc, labels in targets]
-
-    def start_prometheus(self, targets: list[tuple[str, str, dict[str, str]]], rule_files: list[Path]) -> None:
-        """The fleet's Prometheus: scrapes ``targets`` (instance, node process name, topology labels)."""
-        config = {"global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
-                  "scrape_configs": [{"job_name": "gpuwatch", "static_configs": self.static_configs(targets)}],
-                  "rule_files": [str(p) for p in rule_files]}
-        self.main = self.server("prometheus", config)
-        self.prometheus, self.base = self.main.process, self.main.base
-
-    def server(self, name: str, config: dict, flags: tuple[str, ...] = ()) -> Server:
-        """Another Prometheus (a shard, a global store) with its own ``config``, beside the fleet's."""
-        port = _free_port()
-        work = self.workdir / name
-        work.mkdir(exist_ok=True)
-        (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = open(work / "prometheus.log", "w")
-        process = subprocess.Popen(
-            [shutil.which("prometheus") or "prometheus", f"--config.file={work / 'prometheus.yml'}",
-             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}", *flags],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        server = Server(name, process, f"http://127.0.0.1:{port}")
-        self.servers.append(server)
-        wait_for(server.ready, 60, f"Prometheus {name} to be ready")
-        return server
-
-    def query(self, expr: str, at: float | None = None, stats: bool = False) -> dict:
-        return self._main().query(expr, at, stats)
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> dict:
-        return self._main().query_range(expr, start, end, step)
-
-    def result(self, expr: str) -> list[dict]:
-        return self._main().result(expr)
-
-    def _main(self) -> Server:
-        assert self.main is not None, "start_prometheus first"
-        return self.main
-
-    def stop(self) -> None:
-        for server in self.servers:
-            stop_process(server.process)
-        for node in self.nodes.values():
-            stop_process(node.process)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def layout(count: int, nodes_per_rack: int = 10, racks_per_room: int = 10) -> list[tuple[str, dict[str, str]]]:
-    """(instance, topology labels) of ``count`` nodes: node-00001 in rack r001 of room hall-01, ..."""
-    out = []
-    for i in range(count):
-        rack = i // nodes_per_rack
-        room = rack // racks_per_room
-        out.append((f"node-{i + 1:05d}:19400", {"rack": f"r{rack + 1:03d}", "row": f"{room + 1:02d}-{rack % 2}",
-                                                "room": f"hall-{room + 1:02d}", "pdu": f"pdu-r{rack + 1:03d}"}))
-    return out
-
-
-# -- the dashboards' queries ---------------------------------------------------------------------
-def all_panels(dashboard: dict) -> list[dict]:
-    """Every panel, those of collapsed rows too."""
-    found = []
-    for p in dashboard["panels"]:
-        found.append(p)
-        found.extend(p.get("panels", []))  # panels of a collapsed row
-    return found
-
-
-def panels(dashboard: dict) -> list[dict]:
-    """The panels with queries."""
-    return [p for p in all_panels(dashboard) if p.get("targets")]
-
-
-def substitute(expr: str, values: dict[str, str]) -> str:
-    """``expr`` with Grafana's variables ($name, ${name}, ${name:format}) replaced by ``values``."""
-    def one(m: re.Match) -> str:
-        name = m.group(1) or m.group(2)
-        assert name in values, f"unknown variable ${name} in {expr!r}"
-        return values[name]
-    return re.sub(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))", one, expr)
-
-
-def dashboard_queries(one_node: str) -> list[dict]:
-    """Every target of every dashboard: uid, title, refId, expr (with Grafana's values), default range."""
-    queries = []
-    for path in DASHBOARDS:
-        d = json.loads(path.read_text())
-        hours = _hours(d.get("time", {}).get("from", "now-3h"))
-        # what Grafana sends for one selected node: the value regex-escaped, inside a PromQL string
-        node = re.escape(one_node).replace("\\", "\\\\")
-        values = {"job": "gpuwatch", "instance": ".+" if d["uid"] != "gpuwatch-node" else node,
-                  "gpu": ".+", "user": ".*", "job_id": ".*", "__rate_interval": "1m", "__interval": "1m",
-                  "__interval_ms": "60000", "__range": f"{int(hours * 3600)}s", "__range_s": str(int(hours * 3600)),
-                  "datasource": "prometheus"}
-        for p in panels(d):
-            for t in p["targets"]:
-                queries.append({"uid": d["uid"], "title": p["title"], "ref": t["refId"],
-                                "expr": substitute(t["expr"], values), "raw": t["expr"], "hours": hours,
-                                "instant": bool(t.get("instant")), "points": int(p.get("maxDataPoints", 1000))})
-    return queries
-
-
-def _hours(text: str) -> float:
-    match = re.fullmatch(r"now-(\d+)([mhd])", text)
-    return 3.0 if not match else int(match.group(1)) * {"m": 1 / 60, "h": 1, "d": 24}[match.group(2)]
-
-
-def reads_recorded(expr: str) -> bool:
-    return bool(re.search(r"\b[a-z_]+:gpuwatch_[a-z0-9_]+:[a-z0-9_]+", expr))
-
 
 def measure_queries(fleet: Fleet, nodes: int, repeat: int, data_seconds: float) -> list[dict]:
     out = []
@@ -341,26 +98,6 @@ def measure_queries(fleet: Fleet, nodes: int, repeat: int, data_seconds: float) 
     return out
 
 
-def rule_groups(fleet: Fleet, looks: int = 1, every: float = 10.0) -> list[dict]:
-    """Each group's evaluation time: the median of ``looks`` looks ``every`` seconds apart (one
-    evaluation varies with what else the machine does: compaction, the scrapes), and the largest."""
-    seen: dict[str, list[float]] = {}
-    for i in range(looks):
-        if i:
-            time.sleep(every)  # a benchmark sampling Prometheus' own figures over time
-        for g in _get(fleet.base + "/api/v1/rules")["data"]["groups"]:
-            seen.setdefault(g["name"], []).append(g["evaluationTime"])
-    doc = _get(fleet.base + "/api/v1/rules")
-    return [{"group": g["name"], "interval_s": g["interval"],
-             "evaluation_ms": statistics.median(seen.get(g["name"], [g["evaluationTime"]])) * 1e3,
-             "evaluation_max_ms": max(seen.get(g["name"], [g["evaluationTime"]])) * 1e3,
-             "share_of_interval": statistics.median(seen.get(g["name"], [g["evaluationTime"]])) / g["interval"],
-             "rules": len(g["rules"]),
-             "slowest": sorted(((r.get("record") or r.get("alert") or r.get("name"), r["evaluationTime"] * 1e3)
-                                for r in g["rules"]), key=lambda x: -x[1])[:4]}
-            for g in doc["data"]["groups"]]
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -392,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         data_seconds = time.time() - up_at
         queries = measure_queries(fleet, args.targets, args.repeat, data_seconds)
         groups = rule_groups(fleet, looks=7)
-        tsdb = _get(fleet.base + "/api/v1/status/tsdb")["data"]["headStats"]
+        tsdb = get_json(fleet.base + "/api/v1/status/tsdb")["data"]["headStats"]
         result = {"targets": args.targets, "gpus": args.targets * 8, "processes": args.processes,
                   "jobs_per_node": args.jobs_per_node,
                   "data_seconds": data_seconds, "head_series": tsdb["numSeries"],

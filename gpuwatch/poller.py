@@ -353,6 +353,10 @@ class Poller:
                 return str(gpu.identity.index)
         return ""
 
+    def evaluate_if_due(self) -> None:
+        """The rules timer's job (public for gpuwatch.testing.Harness, which runs the jobs on simulated time)."""
+        self._evaluate_if_due()
+
     def _evaluate_if_due(self) -> None:
         """The timer's run: the rules run here only when no fast poll has run them for 1.5 intervals
         (a poll hangs or was skipped), so then at most 1.5 intervals + the timer's period apart, and
@@ -379,16 +383,22 @@ class Poller:
             self._store.set_events_ok(ok)
 
     def _events_once(self) -> None:
+        if not self.drain_events(EVENT_WAIT_SECONDS):
+            self._stop.wait(EVENT_WAIT_SECONDS)
+
+    def drain_events(self, timeout_seconds: float = 0.0) -> bool:
+        """One pass of the events thread without its waits: the XID events that arrive within
+        ``timeout_seconds`` go into the store and the log. False when the backend is down or its
+        events failed (the thread then waits before the next pass). Public for
+        gpuwatch.testing.Harness, which runs the poller's jobs on simulated time."""
         self._repeats.flush()
         if not self._up:
-            self._stop.wait(EVENT_WAIT_SECONDS)
-            return
+            return False
         try:
-            events = self._backend.wait_events(EVENT_WAIT_SECONDS)
+            events = self._backend.wait_events(timeout_seconds)
         except BackendUnavailable:
             self._events_status(False)
-            self._stop.wait(EVENT_WAIT_SECONDS)
-            return
+            return False
         self._events_status(True)
         for event in events:
             self._store.record_xid(event)
@@ -399,6 +409,7 @@ class Poller:
                 self._repeats.log("warning", "xid_event", ("xid_event", event.uuid, event.xid), uuid=event.uuid,
                                   gpu=index.get(event.uuid, ""), xid=event.xid, meaning=meaning,
                                   xid_severity=severity, action=action)
+        return True
 
     # -- scheduling ----------------------------------------------------------------------------
     def _on_max_instances(self, event: JobExecutionEvent) -> None:

@@ -1,8 +1,64 @@
+import os
+import subprocess
+import sys
+
 import fakenvml
 import pytest
 from daemon import Daemon, fake_env
+from inproc import InProc
 
 from gpuwatch import logs
+
+# The fakes that are Python scripts (tests/fakes/scontrol, ...) start as `#!/usr/bin/env python3`: this
+# interpreter's directory first on PATH, as in an activated virtualenv, so that they start in a tenth of
+# the time a version manager's shim takes (pyenv's is a shell script).
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+# What the markers mean (pyproject.toml registers them): a test that starts one of these programs must
+# carry the marker, or it fails here; the inner loop is `pytest -m "not daemon and not stack"`.
+STACK_PROGRAMS = {"prometheus", "promtool", "prometheus-alertmanager", "alertmanager", "amtool"}
+_current: list[pytest.Item] = []
+
+
+def _started_marker(argv) -> str | None:
+    """"daemon" when ``argv`` runs gpuwatch (its command or ``python -m gpuwatch``), "stack" when it is
+    Prometheus, Alertmanager or promtool; None otherwise."""
+    if isinstance(argv, (str, bytes, os.PathLike)):
+        argv = [argv]
+    words = [os.fsdecode(a) for a in argv]
+    if not words:
+        return None
+    if os.path.basename(words[0]) in STACK_PROGRAMS:
+        return "stack"
+    if os.path.basename(words[0]) == "gpuwatch" or any(
+            a == "-m" and b in ("gpuwatch", "gpuwatch.cli") for a, b in zip(words, words[1:])):
+        return "daemon"
+    return None
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _checked_popen_init(self, args, *rest, **kwargs):
+    marker = _started_marker(args)
+    if marker is not None and _current:
+        item = _current[-1]
+        if item.get_closest_marker(marker) is None:
+            raise AssertionError(f"{item.nodeid} starts {os.fsdecode(args[0] if isinstance(args, list) else args)} "
+                                 f"but is not marked {marker!r} (pytest.mark.{marker}: see pyproject.toml)")
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _checked_popen_init
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _current.append(item)
+    try:
+        yield
+    finally:
+        _current.pop()
 
 
 @pytest.fixture(autouse=True)
@@ -28,3 +84,20 @@ def start(tmp_path):
     yield start
     for daemon in daemons:
         daemon.stop()
+
+
+@pytest.fixture()
+def inproc(tmp_path):
+    """inproc(node=None, old_driver=False, args=None, backend=None, clock=None): the agent in-process on
+    simulated time (inproc.InProc), over a fake NVML node in a child process or the backend given; the
+    same reading API as ``start``'s daemons (``wait_value`` advances simulated time). Closed at the end."""
+    made = []
+
+    def make(node=None, old_driver=False, args=None, backend=None, clock=None, environ=None, nvml_env=None):
+        agent = InProc(tmp_path / f"inproc{len(made)}", node, old_driver, args, backend, clock, environ, nvml_env)
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        agent.stop()

@@ -1,11 +1,13 @@
 """Import rules of the architecture (style.md): data flows backend -> poller -> store -> exporter."""
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gpuwatch"
 
 
+@functools.cache
 def imports(path):
     tree = ast.parse(path.read_text())
     found = set()
@@ -14,7 +16,7 @@ def imports(path):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-    return found
+    return frozenset(found)
 
 
 def modules():
@@ -133,4 +135,21 @@ def test_no_rule_family_imports_another():
             found += [f"{family} imports {name}" for name in names
                       if any(name == f"gpuwatch.rules.{other}" or name.startswith(f"gpuwatch.rules.{other}.")
                              for other in families - {family})]
+    assert found == []
+
+
+def test_the_tests_import_nothing_from_bench():
+    """bench/ may use the tests' fakes and fleet (tests/fleetsim.py); the tests never load bench/ code."""
+    tests = Path(__file__).resolve().parent
+    bench = {path.stem for path in (tests.parent / "bench").glob("*.py")}
+    local = {path.stem for path in tests.glob("*.py")}  # a module of tests/ that has a bench/ namesake
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if "build" in path.parts or path == Path(__file__).resolve():
+            continue
+        text = path.read_text()
+        found += [f"{path.name} imports {name}" for name in imports(path)
+                  if name.split(".")[0] == "bench" or (name.split(".")[0] in bench - local)]
+        found += [f"{path.name} loads a file of bench/" for line in text.splitlines()
+                  if "spec_from_file_location" in line and "bench" in line]
     assert found == []

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import fakenvml
 import pytest
-from daemon import Daemon, fake_env
 
 from gpuwatch.attribution import Attributor, parse_cgroup
 from gpuwatch.model import GpuProcess
@@ -57,7 +56,7 @@ def test_attributor_reads_only_the_injected_proc_and_handles_vanished_pids(tmp_p
     ]
 
 
-def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path):
+def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path, inproc):
     """Over the fake library: GPU 0 runs Slurm job 4242 of alice (two processes), GPU 1 a Kubernetes pod,
     GPU 2 nothing; per-process series only with --collector.processes.per-pid and capped. (uids without a
     passwd entry show as numbers: the daemon resolves names with the real passwd database.)"""
@@ -69,9 +68,9 @@ def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path):
     node.gpus[0].add_process(100, 4 * 2**30)
     node.gpus[0].add_process(101, 2**30)
     node.gpus[1].add_process(200, 8 * 2**30)
-    fx = fakenvml.prepare(tmp_path, node)
-    d = Daemon(tmp_path, fake_env(fx), ["--attribution.proc-root", str(proc), "--collector.processes.per-pid",
-                                        "--collector.processes.per-pid-max", "2"])
+    d = inproc(node, args=["--attribution.proc-root", str(proc), "--collector.processes.per-pid",
+                           "--collector.processes.per-pid-max", "2"])
+    fx = d.fx
     try:
         g0 = dict(gpu="0", uuid=node.gpus[0].uuid)
         d.wait_value("gpuwatch_gpu_job_info", 1, scheduler="slurm", job_id="4242", user="54321", **g0)
@@ -91,15 +90,15 @@ def test_metrics_show_which_job_and_user_holds_each_gpu(tmp_path):
         d.stop()
 
 
-def test_old_driver_process_list_falls_back_to_v2(tmp_path):
+def test_old_driver_process_list_falls_back_to_v2(tmp_path, inproc):
     """Without nvmlDeviceGetComputeRunningProcesses_v3 (older driver) the _v2 call is used; the
     unversioned pynvml wrapper would raise NVMLLibraryMismatchError, which is no NVMLError."""
     proc = tmp_path / "proc"
     fake_proc(proc, 300, SLURM_V1, 54323)
     node = fakenvml.FakeNode.h200(1)
     node.gpus[0].add_process(300, 3 * 2**30)
-    fx = fakenvml.prepare(tmp_path, node, old_driver=True)
-    d = Daemon(tmp_path, fake_env(fx), ["--attribution.proc-root", str(proc)])
+    d = inproc(node, old_driver=True, args=["--attribution.proc-root", str(proc)])
+    fx = d.fx
     try:
         labels = dict(gpu="0", uuid=node.gpus[0].uuid)
         d.wait_value("gpuwatch_gpu_job_info", 1, scheduler="slurm", job_id="777", user="54323", **labels)

@@ -5,7 +5,10 @@ import subprocess
 import sys
 
 import fakenvml
+import pytest
 from daemon import Daemon, fake_env
+
+pytestmark = pytest.mark.daemon  # `gpuwatch check` against a real daemon: exit codes
 
 
 def check(d_or_address, env=None):

@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwatch import groups
 from gpuwatch.exporter.catalogue import CATALOGUE
 
+pytestmark = pytest.mark.daemon  # one contract run per backend: `gpuwatch once` / `record` as shipped
+
 # feature -> (family, extra label filter) that must exist exactly when the feature is supported
 FEATURE_SERIES = {
     "fan": ("gpuwatch_fan_speed_ratio", {}),

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fakenvml
+import fleetsim
 import pytest
 import yaml
-from benchfleet import fleet_bench, quick
 from daemon import Daemon, fake_env, stop_process, wait_for
+from fleetsim import quick
 
 from gpuwatch.exporter.catalogue import CATALOGUE
+
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it: the same documents, faster
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -51,12 +54,12 @@ ALLOWED_UNITS = {"celsius", "watt", "joule", "percentunit", "bytes", "Bps", "her
 STANDARD_METRICS = {"up"}  # plus process_* (prometheus_client's process collector)
 RECORDING_RULES = ROOT / "deploy" / "prometheus" / "recording.rules.yml"
 # the series the shipped recording rules record: dashboards may read them (the Fleet's aggregates do)
-RECORDED = {rule["record"] for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]
+RECORDED = {rule["record"] for group in yaml.load(RECORDING_RULES.read_text(), Loader=YAML_LOADER)["groups"]
             for rule in group["rules"]}
 WORKLOAD_RECORDED = {name for name in RECORDED if "workload" in name.split(":")[0]}  # per (instance, workload)
 FLEET_LEVELS = {"job", "job_rule", "job_reason", "rack", "room", "pdu"}  # recorded without an instance
 RECORDED_LABELS: dict[str, set[str]] = {}
-for _group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]:
+for _group in yaml.load(RECORDING_RULES.read_text(), Loader=YAML_LOADER)["groups"]:
     for _rule in _group["rules"]:
         RECORDED_LABELS.setdefault(_rule["record"], set()).update(_rule.get("labels") or {})
 PANEL_TYPES = {"timeseries", "stat", "gauge", "bargauge", "table", "state-timeline", "row"}
@@ -84,7 +87,7 @@ def load(uid: str) -> dict:
     return json.loads(DASHBOARD_FILES[uid].read_text())
 
 
-all_panels = fleet_bench.all_panels  # every panel, those of collapsed rows too
+all_panels = fleetsim.all_panels  # every panel, those of collapsed rows too
 
 
 def query_panels(dashboard: dict) -> list[dict]:
@@ -96,7 +99,7 @@ def lint_exclusions() -> dict[str, set[tuple[str, str]]]:
     text = (GRAFANA / "README.md").read_text()
     blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if b.startswith("# .lint")]
     assert len(blocks) == 1, "deploy/grafana/README.md needs exactly one ```yaml block starting with '# .lint'"
-    doc = yaml.safe_load(blocks[0])
+    doc = yaml.load(blocks[0], Loader=YAML_LOADER)
     out = {}
     for rule, body in doc["exclusions"].items():
         assert body.get("reason", "").strip(), f"lint exclusion {rule} needs a reason"
@@ -412,7 +415,7 @@ def test_dashboards_cover_the_brief():
         assert exprs(jobs[title]).startswith("time() - gpu_workload_rule:gpuwatch_anomaly_since_timestamp_seconds:firing{")
         assert f'rule="{rule}"' in exprs(jobs[title])
     # totals: the 5-minute recordings of the accounting group, summed over the range (no subquery)
-    groups = {g["name"]: g for g in yaml.safe_load(RECORDING_RULES.read_text())["groups"]}
+    groups = {g["name"]: g for g in yaml.load(RECORDING_RULES.read_text(), Loader=YAML_LOADER)["groups"]}
     accounting = groups["gpuwatch-accounting"]
     assert accounting["interval"] == "5m" and all("[5m:1m]" in r["expr"] for r in accounting["rules"])
     for title, record, factor in (("GPU-hours per job", "workload:gpuwatch_gpu_seconds:sum5m", " / 3600"),
@@ -439,13 +442,14 @@ def test_dashboards_cover_the_brief():
         assert jobs[title]["type"] == "table", title
 
 
-_substitute = fleet_bench.substitute  # Grafana's variables replaced (an unknown one fails)
+_substitute = fleetsim.substitute  # Grafana's variables replaced (an unknown one fails)
 
 
 STATIC_VALUES = {"job": "gpuwatch", "instance": ".+", "gpu": ".+", "user": ".*", "job_id": ".*", "__range_s": "600",
                  "__rate_interval": "30s", "__interval": "5s", "__interval_ms": "5000", "__range": "10m"}
 
 
+@pytest.mark.stack
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
 def test_every_query_parses_with_promtool(tmp_path):
     rules = []
@@ -460,12 +464,12 @@ def test_every_query_parses_with_promtool(tmp_path):
 
 
 def test_provisioning_files():
-    dash = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "gpuwatch.yml").read_text())
+    dash = yaml.load((GRAFANA / "provisioning" / "dashboards" / "gpuwatch.yml").read_text(), Loader=YAML_LOADER)
     assert dash["apiVersion"] == 1
     (provider,) = dash["providers"]
     assert provider["type"] == "file" and provider["folder"] == "GPU"
     assert provider["options"]["foldersFromFilesStructure"] is False
-    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    ds = yaml.load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text(), Loader=YAML_LOADER)
     assert ds["apiVersion"] == 1
     (source,) = ds["datasources"]
     assert source["type"] == "prometheus" and source["uid"]
@@ -653,6 +657,8 @@ def _values(instances: dict[str, str]) -> dict[str, str]:
     return {**STATIC_VALUES, "instance": regex}
 
 
+@pytest.mark.daemon
+@pytest.mark.stack
 def test_every_panel_query_returns_data(stack):
     prom, instances = stack
     values = _values(instances)
@@ -687,6 +693,8 @@ def _panel_result(prom, instances, uid, title, ref="A") -> list[dict]:
     return prom.result(_substitute(t["expr"], _values(instances)))
 
 
+@pytest.mark.daemon
+@pytest.mark.stack
 def test_fault_panels_show_the_faults(stack):
     prom, instances = stack
     nvml, sim = instances["nvml"], instances["sim"]
@@ -754,6 +762,8 @@ def test_fault_panels_show_the_faults(stack):
     assert all(s["metric"]["name"] for s in fans)  # the name join works
 
 
+@pytest.mark.daemon
+@pytest.mark.stack
 def test_jobs_panels_show_the_jobs(stack):
     prom, instances = stack
     nvml = instances["nvml"]

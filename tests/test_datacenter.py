@@ -1,9 +1,8 @@
-"""Data-center depth through the real process, the real pynvml binding and the fake library: GPM
+"""Data-center depth through the agent (in-process, simulated time), the real pynvml binding and the fake library: GPM
 profiling metrics, NVLink, the NVSwitch fabric; and that GPUs without them make no such calls."""
 
 import fakenvml
 import pytest
-from daemon import wait_for
 
 MIB = 1024 * 1024
 # a GPU under load: NVML_GPM_METRIC_* id -> value (%, PCIe MiB/s)
@@ -23,7 +22,7 @@ def fabric(d, node, i):
     return found[0] if found else None
 
 
-def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
+def test_hgx_node_shows_gpm_nvlink_and_fabric(inproc):
     node = fakenvml.FakeNode.h200(2)
     busy = node.gpus[0]
     busy.gpm = dict(BUSY_GPM)
@@ -31,7 +30,7 @@ def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
     busy.nvlink_errors["replay"][7] = 2
     busy.nvlink_errors["crc_flit"][0] = 11
     busy.nvlink_errors["recovery"][17] = 1
-    d = start(node, args=["--collector.gpm.detail"])
+    d = inproc(node, args=["--collector.gpm.detail"])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     g0 = labels(node, 0)
     # GPM ratios: the fake's values over every pair of samples, as fractions
@@ -49,7 +48,7 @@ def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
     tx, rx = (scraped[("gpuwatch_pcie_traffic_bytes_total", tuple(sorted(labels(node, 0, direction=way).items())))]
               for way in ("tx", "rx"))
     assert tx > 0 and rx == pytest.approx(2 * tx, rel=1e-9)
-    wait_for(lambda: d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx")) > tx,
+    d.wait_for(lambda: d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx")) > tx,
              what="the PCIe counter to grow")
     # NVLink: 18 links active, the driver's totals, traffic in bytes
     assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 18
@@ -78,16 +77,16 @@ def test_hgx_node_shows_gpm_nvlink_and_fabric(start):
     assert counts["nvmlGpmSampleFree"] == 4  # freed before NVML shut down
 
 
-def test_pcie_cards_have_no_gpm_nvlink_or_fabric_and_are_not_asked_again(start):
+def test_pcie_cards_have_no_gpm_nvlink_or_fabric_and_are_not_asked_again(inproc):
     node = fakenvml.FakeNode.l40s(2)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     m = d.metrics()
     gone = ("gpuwatch_sm_active_ratio", "gpuwatch_pcie_traffic_bytes_total", "gpuwatch_nvlink_links",
             "gpuwatch_nvlink_errors_total", "gpuwatch_fabric_state")
     assert not [k for k in m if k[0] in gone]
     at_discovery = d.fx.counts()
-    wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= at_discovery["nvmlDeviceGetTemperatureV"] + 6,
+    d.wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= at_discovery["nvmlDeviceGetTemperatureV"] + 6,
              what="three more polls")
     d.stop()
     counts = d.fx.counts()
@@ -96,13 +95,13 @@ def test_pcie_cards_have_no_gpm_nvlink_or_fabric_and_are_not_asked_again(start):
     assert counts["nvmlDeviceGetGpuFabricInfoV"] == 2 and counts["nvmlDeviceGetGpuFabricInfo"] == 2
 
 
-def test_gpm_defaults_stay_within_the_series_budget(start):
+def test_gpm_defaults_stay_within_the_series_budget(inproc):
     """At defaults GPM exports SM activity, the tensor pipe, DRAM and PCIe (what dcgm-exporter has on by
     default, plus SM activity); occupancy, the graphics engine and the FP/integer pipes need
     --collector.gpm.detail."""
     node = fakenvml.FakeNode.h200(1)
     node.gpus[0].gpm = dict(BUSY_GPM)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_sm_active_ratio", 0.875, **labels(node, 0))
     assert d.value("gpuwatch_pipe_active_ratio", **labels(node, 0, pipe="tensor")) == pytest.approx(0.63)
     assert d.value("gpuwatch_dram_bandwidth_ratio", **labels(node, 0)) == pytest.approx(0.555)
@@ -111,13 +110,13 @@ def test_gpm_defaults_stay_within_the_series_budget(start):
     assert {dict(k[1])["pipe"] for k in m if k[0] == "gpuwatch_pipe_active_ratio"} == {"tensor"}
 
 
-def test_link_down_per_link_detail_and_a_failing_gpm_metric(start):
+def test_link_down_per_link_detail_and_a_failing_gpm_metric(inproc):
     node = fakenvml.FakeNode.h200(1)
     g = node.gpus[0]
     g.gpm = dict(BUSY_GPM)
     del g.gpm[3]  # the GPU does not report occupancy: that metric alone is absent
     g.nvlink_errors["replay"][3] = 4
-    d = start(node, args=["--collector.nvlink.per-link", "--collector.gpm.detail"])
+    d = inproc(node, args=["--collector.nvlink.per-link", "--collector.gpm.detail"])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     assert d.value("gpuwatch_nvlink_link_up", **labels(node, 0, link="5")) == 1
     assert d.value("gpuwatch_nvlink_link_errors_total", **labels(node, 0, link="3", error="replay")) == 4
@@ -132,22 +131,22 @@ def test_link_down_per_link_detail_and_a_failing_gpm_metric(start):
     assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 17
 
 
-def test_fabric_states_status_and_health(start, tmp_path):
+def test_fabric_states_status_and_health(inproc, tmp_path):
     node = fakenvml.FakeNode.h200(1)
     g = node.gpus[0]
     g.fabric = (1, 0, 0, 0)  # NOT_STARTED: the fabric manager has not registered the GPU
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {fabric_not_ready: {hold: 0}, fabric_degraded: {hold: 0}}\n")
-    d = start(node, args=["--config", str(config)])
-    wait_for(lambda: (fabric(d, node, 0) or {}).get("state") == "not_started", what="not_started")
+    d = inproc(node, args=["--config", str(config)])
+    d.wait_for(lambda: (fabric(d, node, 0) or {}).get("state") == "not_started", what="not_started")
     d.wait_value("gpuwatch_anomaly", 1, rule="fabric_not_ready", severity="critical", **labels(node, 0))
     degraded_true, unhealthy_false = 1 << 0, 2 << 4
     g.fabric = (3, 999, 7, degraded_true | unhealthy_false)  # completed with NVML_ERROR_UNKNOWN
     g.fabric_cluster_uuid = "0123456789abcdef0123456789abcdef"
     d.fx.write(node)
-    wait_for(lambda: (fabric(d, node, 0) or {}).get("state") == "completed", what="completed")
+    d.wait_for(lambda: (fabric(d, node, 0) or {}).get("state") == "completed", what="completed")
     # completed with an error: still not ready, and the summary says which error
-    wait_for(lambda: any(e["event"] == "anomaly_started" and e["rule"] == "fabric_degraded" for e in d.events()),
+    d.wait_for(lambda: any(e["event"] == "anomaly_started" and e["rule"] == "fabric_degraded" for e in d.events()),
              what="fabric_degraded")
     assert d.value("gpuwatch_anomaly", rule="fabric_not_ready", severity="critical", **labels(node, 0)) == 1
     started = [e for e in d.events() if e["event"] == "anomaly_started" and e["rule"] == "fabric_not_ready"]
@@ -161,7 +160,7 @@ def test_fabric_states_status_and_health(start, tmp_path):
                                         cluster_uuid="01234567-89ab-cdef-0123-456789abcdef")
 
 
-def test_fabric_health_summary_and_configuration_from_the_v3_structure(start, tmp_path):
+def test_fabric_health_summary_and_configuration_from_the_v3_structure(inproc, tmp_path):
     """A driver that knows the v3 structure (R570+) answers the health summary: gpuwatch_fabric_health_summary
     is NVML's number and fabric_degraded fires on limited capacity or unhealthy; the mask's incorrect
     configuration fires it too and is named; the capture's N/A (0) stays absent."""
@@ -171,7 +170,7 @@ def test_fabric_health_summary_and_configuration_from_the_v3_structure(start, tm
     g.fabric_health_summary = 3  # NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {fabric_degraded: {hold: 0}}\n")
-    d = start(node, args=["--config", str(config)])
+    d = inproc(node, args=["--config", str(config)])
     d.wait_value("gpuwatch_fabric_health_summary", 3, **labels(node, 0))
     assert d.value("gpuwatch_fabric_health_summary", **labels(node, 1)) is None  # N/A: absent, never 0
     d.wait_value("gpuwatch_anomaly", 1, rule="fabric_degraded", severity="warning", **labels(node, 0))
@@ -182,25 +181,25 @@ def test_fabric_health_summary_and_configuration_from_the_v3_structure(start, tm
     g.fabric_health_summary = 1
     d.fx.write(node)
     d.wait_value("gpuwatch_fabric_health_summary", 1, **labels(node, 0))
-    wait_for(lambda: "incorrect configuration (insufficient nvlinks)" in d.get("/api/v1/status")[1],
+    d.wait_for(lambda: "incorrect configuration (insufficient nvlinks)" in d.get("/api/v1/status")[1],
              what="the configuration in the summary")
     assert d.value("gpuwatch_anomaly", rule="fabric_degraded", severity="warning", **labels(node, 1)) is None
     assert d.value("gpuwatch_poll_errors_total", tier="slow", error="argument_version_mismatch") is None
 
 
-def test_a_driver_before_r570_is_asked_the_v2_structure_once_it_refuses_v3(start):
+def test_a_driver_before_r570_is_asked_the_v2_structure_once_it_refuses_v3(inproc):
     """The driver answers v3 with ARGUMENT_VERSION_MISMATCH: gpuwatch reads v2 (the health mask, no summary)
     from then on, without an error per poll."""
     node = fakenvml.FakeNode.h200(1)
     g = node.gpus[0]
     g.fabric = (3, 0, 0, 1)  # degraded bandwidth
     g.fabric_health_summary = None  # before R570: no v3
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_fabric_health_issue", 1, **labels(node, 0, issue="degraded_bandwidth"))
     assert d.value("gpuwatch_fabric_health_summary", **labels(node, 0)) is None
     assert fabric(d, node, 0)["state"] == "completed"
     at_start = d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"]
-    wait_for(lambda: d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"] >= at_start + 3, what="three more slow polls")
+    d.wait_for(lambda: d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"] >= at_start + 3, what="three more slow polls")
     assert d.value("gpuwatch_collector_success", group="fabric") == 1
     assert d.value("gpuwatch_poll_errors_total", tier="slow", error="argument_version_mismatch") is None
     d.stop()
@@ -209,7 +208,7 @@ def test_a_driver_before_r570_is_asked_the_v2_structure_once_it_refuses_v3(start
     assert polls >= 3 and counts.get("nvmlDeviceGetGpuFabricInfo", 0) == 0
 
 
-def test_the_driver_s_recovery_action_fires_its_rule_and_names_the_action(start, tmp_path):
+def test_the_driver_s_recovery_action_fires_its_rule_and_names_the_action(inproc, tmp_path):
     """Field 230 through the real binding: 0 (None, as every capture's driver says) is quiet and has no series
     (sparse; the feature says the driver reports it); a node reboot fires recovery_action_required at once
     with what to do; back at none it clears; a value gpuwatch does not know is exported as the driver's
@@ -217,7 +216,7 @@ def test_the_driver_s_recovery_action_fires_its_rule_and_names_the_action(start,
     node = fakenvml.FakeNode.h200(2)
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {recovery_action_required: {clear: 0}}\n")
-    d = start(node, args=["--config", str(config)])
+    d = inproc(node, args=["--config", str(config)])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="recovery_action")) == 1
     assert d.value("gpuwatch_recovery_action", **labels(node, 1)) is None
@@ -242,13 +241,13 @@ def test_the_driver_s_recovery_action_fires_its_rule_and_names_the_action(start,
     d.wait_value("gpuwatch_anomaly", 1, rule="recovery_action_required", severity="critical", **labels(node, 0))
     assert "recovery action unknown (9)" in d.get("/api/v1/status")[1]
     slow_polls = d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"]  # one per GPU and slow poll
-    wait_for(lambda: d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"] >= slow_polls + 6, what="three more slow polls")
+    d.wait_for(lambda: d.fx.counts()["nvmlDeviceGetGpuFabricInfoV"] >= slow_polls + 6, what="three more slow polls")
     assert len([e for e in d.events() if e["event"] == "unknown_recovery_action"]) == 1
 
 
-def test_old_driver_without_gpm_and_versioned_fabric_call(start):
+def test_old_driver_without_gpm_and_versioned_fabric_call(inproc):
     node = fakenvml.FakeNode.h200(1)
-    d = start(node, old_driver=True)
+    d = inproc(node, old_driver=True)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="gpm")) is None
     assert fabric(d, node, 0)["state"] == "completed"  # GetGpuFabricInfo
@@ -260,9 +259,9 @@ def test_old_driver_without_gpm_and_versioned_fabric_call(start):
     assert d.value("gpuwatch_poll_errors_total", tier="fast", error="function_not_found") is None
 
 
-def test_switched_off_groups_make_no_calls(start):
+def test_switched_off_groups_make_no_calls(inproc):
     node = fakenvml.FakeNode.h200(1)
-    d = start(node, args=["--no-collector.gpm", "--no-collector.fabric", "--no-collector.nvlink"])
+    d = inproc(node, args=["--no-collector.gpm", "--no-collector.fabric", "--no-collector.nvlink"])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     d.stop()
     counts = d.fx.counts()
@@ -274,7 +273,7 @@ def test_switched_off_groups_make_no_calls(start):
 SLURM_CGROUP = "0::/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0\n"
 
 
-def test_mig_node_shows_its_instances_memory_activity_and_jobs(start, tmp_path):
+def test_mig_node_shows_its_instances_memory_activity_and_jobs(inproc, tmp_path):
     """An H100 in MIG mode with the capture's four instances: each with its profile, frame buffer and SM
     activity, the job on one of them; the parent's utilization and remapped rows are not supported there
     (absent, feature 0, no error counted); an instance destroyed goes away with the next slow poll."""
@@ -287,7 +286,7 @@ def test_mig_node_shows_its_instances_memory_activity_and_jobs(start, tmp_path):
     proc.mkdir(parents=True)
     (proc / "cgroup").write_text(SLURM_CGROUP.format("777"))
     (proc / "status").write_text("Name:\tpython\nUid:\t54321\t54321\t54321\t54321\n")
-    d = start(node, args=["--attribution.proc-root", str(tmp_path / "proc")])
+    d = inproc(node, args=["--attribution.proc-root", str(tmp_path / "proc")])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     gpu = labels(node, 0)
     m = d.metrics()
@@ -314,15 +313,15 @@ def test_mig_node_shows_its_instances_memory_activity_and_jobs(start, tmp_path):
     # an instance is destroyed (nvidia-smi mig -dci / -dgi): gone from the next enumeration
     del g.mig_devices[3]
     d.fx.write(node)
-    wait_for(lambda: len([k for k in d.metrics() if k[0] == "gpuwatch_mig_instance_info"]) == 3,
+    d.wait_for(lambda: len([k for k in d.metrics() if k[0] == "gpuwatch_mig_instance_info"]) == 3,
              what="the next enumeration without the destroyed instance")
     assert d.value("gpuwatch_mig_memory_total_bytes", **gpu, gpu_instance="10") is None
     assert d.value("gpuwatch_mig_memory_total_bytes", **gpu, gpu_instance="9") == 9984 * MIB
 
 
-def test_gpus_without_mig_make_no_mig_calls_after_discovery(start):
+def test_gpus_without_mig_make_no_mig_calls_after_discovery(inproc):
     node = fakenvml.FakeNode.h200(1)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="mig")) is None
     d.stop()
@@ -332,12 +331,12 @@ def test_gpus_without_mig_make_no_mig_calls_after_discovery(start):
         assert counts.get(name, 0) == 0, name
 
 
-def test_a_mig_configuration_change_event_re_enumerates_at_once(start):
+def test_a_mig_configuration_change_event_re_enumerates_at_once(inproc):
     """With a slow poll a minute away, a new instance's frame buffer shows within a few fast polls of
     NVML's MIG configuration-change event; its info series follows at the next slow poll."""
     node = fakenvml.FakeNode.h100_mig(1)
     # XIDs switched off: the events thread still waits, for the MIG events
-    d = start(node, args=["--poll.slow-interval", "60", "--no-collector.xid"])
+    d = inproc(node, args=["--poll.slow-interval", "60", "--no-collector.xid"])
     d.wait_value("gpuwatch_mig_memory_total_bytes", 9984 * MIB, **labels(node, 0, gpu_instance="10"))
     g = node.gpus[0]
     g.mig_devices[4] = fakenvml.FakeMig(gpu_instance=11, compute_instance=0, total=9984 * MIB, used=0,
@@ -350,7 +349,7 @@ def test_a_mig_configuration_change_event_re_enumerates_at_once(start):
     assert [e["instances"] for e in d.events() if e["event"] == "mig_config_changed"] == [5]
 
 
-def test_a_gpu_instance_with_two_compute_instances_is_read_once(start):
+def test_a_gpu_instance_with_two_compute_instances_is_read_once(inproc):
     """Two MIG devices (compute instances 0 and 1) of one GPU instance share its memory and its SMs:
     one series per GPU instance, its GPM pair sampled once per poll (the values stay the fake's)."""
     node = fakenvml.FakeNode.h100_mig(1)
@@ -360,7 +359,7 @@ def test_a_gpu_instance_with_two_compute_instances_is_read_once(start):
                                         used=second.used, uuid="MIG-00000004-0000-0000-0000-000000000004",
                                         name=second.name, gpm={2: 40.0, 5: 10.0, 10: 20.0})
     second.gpm = {2: 40.0, 5: 10.0, 10: 20.0}
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_mig_sm_active_ratio", 0.4, **labels(node, 0, gpu_instance="2"))
     body = d.get("/metrics")[1]
     lines = [line for line in body.splitlines()

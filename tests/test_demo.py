@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 
+import pytest
 from daemon import Daemon, parse
 
 from gpuwatch import live
@@ -13,6 +14,8 @@ from gpuwatch.poller import Poller
 from gpuwatch.store import Store
 
 
+@pytest.mark.daemon
+@pytest.mark.stack
 def test_demo_serves_eight_gpus_and_passes_promtool(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWATCH_")}
     env["PYTHONUNBUFFERED"] = "1"

@@ -470,6 +470,7 @@ def check_exit_code(address: str, env: dict) -> int:
                           capture_output=True, text=True, timeout=30, env=env).returncode
 
 
+@pytest.mark.daemon
 def test_a_real_daemon_with_an_ecc_fault_drains_the_node(tmp_path, fake):
     node = fakenvml.FakeNode.h200(2)
     fx = fakenvml.prepare(tmp_path, node)
@@ -496,6 +497,7 @@ def test_a_real_daemon_with_an_ecc_fault_drains_the_node(tmp_path, fake):
     assert fake.node()["state"] == "IDLE+DRAIN" and fake.node()["reason"] == update[3].removeprefix("Reason=")
 
 
+@pytest.mark.daemon
 def test_a_daemon_with_its_backend_down_or_gone_drains_nothing(tmp_path, fake):
     node = fakenvml.FakeNode.h200(1)
     node.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED
@@ -514,6 +516,7 @@ def test_a_daemon_with_its_backend_down_or_gone_drains_nothing(tmp_path, fake):
     assert fake.calls() == []
 
 
+@pytest.mark.daemon
 def test_check_drain_resume_from_the_command_line(tmp_path, fake):
     node = fakenvml.FakeNode.h200(2)
     fx = fakenvml.prepare(tmp_path, node)
@@ -552,8 +555,9 @@ def test_check_drain_resume_from_the_command_line(tmp_path, fake):
         # healthy again (GPU reset): resumed once healthy for --resume-after (0 here: at once)
         node.gpus[1].ecc_errors = {(0, 0): 0, (1, 0): 0, (0, 1): 0, (1, 1): 2}
         fx.write(node)
-        wait_for(lambda: check("--resume-after", "0", "--min-interval", "0")[0] == 0, timeout=30,
-                 what="the anomaly to clear")
+        d.wait_value("gpuwatch_anomaly", None, gpu="1", uuid=node.gpus[1].uuid, rule="ecc_uncorrectable",
+                     severity="critical", timeout=30)  # cleared: healthy from the next look on
+        assert check("--resume-after", "0", "--min-interval", "0")[0] == 0
         assert fake.node()["state"] == "IDLE" and fake.updates()[-1] == ["update", f"NodeName={NODE}", "State=RESUME"]
         rc, out, _ = check("--resume-after", "soon")
         assert (rc, out) == (78, "")
@@ -561,6 +565,7 @@ def test_check_drain_resume_from_the_command_line(tmp_path, fake):
         d.stop()
 
 
+@pytest.mark.daemon
 def test_a_driver_requested_reboot_drains_through_check_drain(tmp_path, fake):
     """The driver asks for a node reboot (field 230 = 2, with XID 154): recovery_action_required fires at the
     next slow poll (hold 0) and `gpuwatch check --drain` drains the node with a reason that names the action;

@@ -15,6 +15,8 @@ import yaml
 from daemon import Daemon, fake_env, wait_for
 from promstack import Alertmanager, Prometheus, Webhook
 
+pytestmark = [pytest.mark.daemon, pytest.mark.stack]  # gpuwatch, Prometheus and Alertmanager end to end
+
 ALERTS = Path(__file__).resolve().parents[1] / "alerts" / "gpuwatch.rules.yml"
 
 

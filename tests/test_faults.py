@@ -20,6 +20,9 @@ import fakenvml
 import pytest
 from daemon import Daemon, fake_env, parse, stop_process, wait_for
 
+# The real process under faults of its own (requests, logs, clock steps, config files): marked daemon, one by
+# one; the corrupted identity and the XID storm are behaviour of the agent, in-process (inproc).
+
 FAKETIME_LIB = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
                                  "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1") if os.path.exists(p)), None)
 
@@ -88,6 +91,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.daemon
 def test_malformed_request_lines_get_a_status_line_and_the_daemon_serves_on(node_daemon):
     """Every malformed request line is answered with a status line and headers (not the stdlib's
     bare HTML body), and /metrics is still right afterwards."""
@@ -104,15 +108,16 @@ def test_malformed_request_lines_get_a_status_line_and_the_daemon_serves_on(node
 
 # -- NVML text --------------------------------------------------------------------------------------
 
-def test_a_gpu_whose_identity_is_not_utf8_stays_up_with_the_others(tmp_path, node_daemon):
+def test_a_gpu_whose_identity_is_not_utf8_stays_up_with_the_others(inproc):
     """A corrupted InfoROM: GPU 1's serial and name (and the driver version) hold bytes that are not UTF-8. Both GPUs stay up,
     the bad bytes become U+FFFD, each is counted once, and one log line says so (not one per poll)."""
-    node = node_daemon.node
+    node = fakenvml.FakeNode.h200(2)
     node.gpus[1].serial = "PSN\udcb0\udcff42"
     node.gpus[1].name = "NVIDIA H200\udc80"
     node.driver_version = "590.48\udcfe"
-    d = node_daemon(node_=node)
-    wait_for(lambda: d.value("gpuwatch_poll_success", tier="slow") == 1)
+    d = inproc(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    d.wait_for(lambda: d.value("gpuwatch_poll_success", tier="slow") == 1)
     metrics = d.metrics()
     serves_every_gpu(metrics, node)
     info = [dict(k[1]) for k in metrics if k[0] == "gpuwatch_gpu_info" and dict(k[1])["gpu"] == "1"]
@@ -139,6 +144,7 @@ def run_once(env, *args, timeout=60):
     (b"poll: [unclosed\n", "is not valid YAML"),
     (b"poll: " + b"[" * 3000 + b"]" * 3000 + b"\n", "nests too deeply"),
 ])
+@pytest.mark.daemon
 def test_unreadable_configs_exit_78_with_one_line(tmp_path, content, message):
     config = tmp_path / "gpuwatch.yml"
     config.write_bytes(content)
@@ -148,11 +154,13 @@ def test_unreadable_configs_exit_78_with_one_line(tmp_path, content, message):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.daemon
 def test_a_config_that_is_a_directory_exits_78(tmp_path):
     result = run_once(fake_env(fakenvml.prepare(tmp_path, fakenvml.FakeNode.h200(1))), "--config", str(tmp_path))
     assert result.returncode == 78 and "cannot read it: Is a directory" in result.stderr, result.stderr
 
 
+@pytest.mark.daemon
 def test_reload_with_unreadable_configs_keeps_the_old_one(node_daemon, tmp_path):
     """SIGHUP with a non-UTF-8, a duplicate-key and a vanished file: reload_failed each time, the
     daemon keeps its settings (power_capped stays disabled) and serves on."""
@@ -182,6 +190,7 @@ def test_reload_with_unreadable_configs_keeps_the_old_one(node_daemon, tmp_path)
 
 # -- logging ----------------------------------------------------------------------------------------------
 
+@pytest.mark.daemon
 def test_a_log_reader_that_goes_away_loses_lines_not_the_daemon(tmp_path):
     """stderr is a pipe whose reader exits after `started` (journald restarted): every later log call
     gets EPIPE. XID events are still counted (the events thread lives on), SIGHUP still reloads, the
@@ -223,6 +232,7 @@ def test_a_log_reader_that_goes_away_loses_lines_not_the_daemon(tmp_path):
         assert stop_process(proc) == 0
 
 
+@pytest.mark.daemon
 def test_stderr_on_a_full_device_does_not_stop_the_start(tmp_path):
     """Every log line gets ENOSPC (stderr is /dev/full): the daemon starts and serves anyway."""
     node = fakenvml.FakeNode.h200(2)
@@ -253,15 +263,16 @@ def test_stderr_on_a_full_device_does_not_stop_the_start(tmp_path):
         assert stop_process(proc) == 0
 
 
-def test_an_xid_storm_is_counted_whole_and_logged_in_summaries(node_daemon):
+def test_an_xid_storm_is_counted_whole_and_logged_in_summaries(inproc):
     """1,000 XID 13 events on GPU 0 and one XID 79 on GPU 1: every event is counted; the log holds a few
     xid_event lines per GPU and code (then a summary with `repeated`), not one per event."""
-    d = node_daemon()
-    node = node_daemon.node
+    node = fakenvml.FakeNode.h200(2)
+    d = inproc(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
     for _ in range(1000):
         node.add_xid(gpu=0, xid=13)
     node.add_xid(gpu=1, xid=79)
-    node_daemon.fx.write(node)
+    d.write(node)
     labels = dict(gpu="0", uuid=node.gpus[0].uuid)
     d.wait_value("gpuwatch_xid_events_total", 1000, **labels)
     d.wait_value("gpuwatch_xid_errors_total", 1, gpu="1", uuid=node.gpus[1].uuid, xid="79")
@@ -274,6 +285,7 @@ def test_an_xid_storm_is_counted_whole_and_logged_in_summaries(node_daemon):
 
 # -- clock steps ---------------------------------------------------------------------------------------------
 
+@pytest.mark.daemon
 def test_wall_clock_steps_do_not_stall_or_burst_the_polls(node_daemon, tmp_path):
     """libfaketime steps the daemon's wall clock back 5 minutes, then forward 10 (the monotonic clock
     runs on): polls keep coming at their interval, /healthz stays 200, no burst of catch-up polls."""

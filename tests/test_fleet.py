@@ -1,9 +1,9 @@
 """A small fleet for real: one Prometheus scraping 16 targets served by five gpuwatch processes over the
-fake library (bench/fleet.py's Fleet), with the shipped recording rules, fleet alerts and a budgets
+fake library (tests/fleetsim.py: the Fleet bench/fleet.py also runs), with the shipped recording rules, fleet alerts and a budgets
 file. Each facility fault fires exactly its own alert; every dashboard query answers; the panels that
 say they read a recording rule do.
 
-The rules are the shipped text made quick (tests/benchfleet.py: the alerts' ``for:`` at 0, every group
+The rules are the shipped text made quick (tests/fleetsim.py: the alerts' ``for:`` at 0, every group
 at the 2 s evaluation interval); promtool's cases check the hold times and intervals as shipped.
 """
 
@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import re
 
+import fleetsim
 import pytest
 import yaml
-from benchfleet import fleet_bench, new_fleet, rules_for_tests
 from daemon import wait_for
+from fleetsim import new_fleet, rules_for_tests
+
+pytestmark = [pytest.mark.daemon, pytest.mark.stack]  # a fleet of gpuwatch processes scraped by Prometheus
 
 RACKS = {"r1": "hall-1", "r2": "hall-1", "r3": "hall-1", "r4": "hall-2"}
 
@@ -89,15 +92,15 @@ def test_each_facility_fault_fires_exactly_its_own_alert(fleet):
 
 
 def test_every_dashboard_query_answers_and_reads_the_recorded_series_it_names(fleet):
-    queries = fleet_bench.dashboard_queries("r1-n1:19400")
+    queries = fleetsim.dashboard_queries("r1-n1:19400")
     assert len(queries) > 80
     for q in queries:
         document = fleet.query(q["expr"])
         assert document["status"] == "success", (q["uid"], q["title"], q["ref"], document.get("error"))
     # a panel whose description names a recording rule reads one
-    for path in fleet_bench.DASHBOARDS:
+    for path in fleetsim.DASHBOARDS:
         dashboard = json.loads(path.read_text())
-        for panel in fleet_bench.panels(dashboard):
+        for panel in fleetsim.panels(dashboard):
             named = re.findall(r"\b[a-z_]+:gpuwatch_[a-z0-9_]+:[a-z0-9_]+", panel.get("description", ""))
             if named:
                 exprs = " ".join(t["expr"] for t in panel["targets"])
@@ -105,7 +108,7 @@ def test_every_dashboard_query_answers_and_reads_the_recorded_series_it_names(fl
 
 
 def test_rule_groups_keep_their_interval_and_the_bench_reports_them(fleet):
-    groups = {g["group"]: g for g in fleet_bench.rule_groups(fleet)}
+    groups = {g["group"]: g for g in fleetsim.rule_groups(fleet)}
     assert {"gpuwatch-recording", "gpuwatch-rates", "gpuwatch-workloads", "gpuwatch-facility", "gpuwatch-expectations",
             "gpuwatch-fleet", "budgets"} <= set(groups)
     for g in groups.values():

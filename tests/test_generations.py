@@ -4,11 +4,11 @@ fake library: the field ids that moved between branches (groups/fieldids.py), NV
 import json
 import subprocess
 import sys
-import time
 
 import fakenvml
 import pytest
 from daemon import fake_env, parse
+from inproc import InProc
 
 from gpuwatch.groups import fieldids
 from gpuwatch.groups.nvlink import decode_ber
@@ -19,13 +19,14 @@ THROTTLE = {74: 11 * S, 75: 13 * S, 76: 17 * S, 77: 0, 78: 0, 79: 0, 269: 19 * S
 
 
 def once(tmp_path, node, *args):
-    """`gpuwatch once` over ``node``: (samples by (name, labels), the JSON log events)."""
-    fx = fakenvml.prepare(tmp_path, node)
-    result = subprocess.run([sys.executable, "-m", "gpuwatch", "once", "--log.format", "json", *args],
-                            env=fake_env(fx), capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
-    return parse(result.stdout), events
+    """What `gpuwatch once` shows over ``node`` (the agent in-process: the first fast poll, the slow poll it
+    runs, the host groups): (samples by (name, labels), the JSON log events)."""
+    workdir = tmp_path / f"once{len(list(tmp_path.glob('once*')))}"
+    d = InProc(workdir, node, args=["--log.level", "info", *args])
+    try:
+        return parse(d.scrape()), d.events()
+    finally:
+        d.stop()
 
 
 def value(samples, name, **labels):
@@ -298,24 +299,22 @@ def test_an_effective_ber_of_exactly_1e_12_is_not_exceeded(packed, ber):
     assert _rising([dict(NV5)] * 10, ber=decode_ber(packed)).active == (ber > 1e-12)
 
 
-def test_a_link_counter_reset_does_not_make_the_sum_go_back(start):
+def test_a_link_counter_reset_does_not_make_the_sum_go_back(inproc):
     """Where the driver has no device total the links are summed: one link's counter reset (a link retrained,
     a GPU reset of its peer) is that link's alone; the sum never goes back, so nothing reads as a reset."""
-    from daemon import wait_for
-
     node = fakenvml.FakeNode.b200(1)
     g = node.gpus[0]
     g.nvlink5_aggregate = False
     g.nvlink5_errors["effective"][0] = 1_000_000
     g.nvlink5_errors["effective"][5] = 10
-    d = start(node, args=["--poll.slow-interval", "1"])
+    d = inproc(node, args=["--poll.slow-interval", "1"])
     labels = dict(gpu="0", uuid=g.uuid, error="effective")
     d.wait_value("gpuwatch_nvlink_errors_total", 1_000_010, **labels)
     g.nvlink5_errors["effective"][5] = 0  # link 5's counter reset
     d.fx.write(node)
-    written = time.time()
-    wait_for(lambda: (d.value("gpuwatch_last_poll_timestamp_seconds", tier="slow") or 0) > written + 0.5,
-             what="a slow poll after the reset")
+    written = d.clock.wall()
+    d.wait_for(lambda: (d.value("gpuwatch_last_poll_timestamp_seconds", tier="slow") or 0) > written + 0.5,
+               what="a slow poll after the reset")
     assert d.value("gpuwatch_nvlink_errors_total", **labels) == 1_000_010  # a plain sum would say 1,000,000
     g.nvlink5_errors["effective"][5] = 3
     d.fx.write(node)

@@ -15,6 +15,8 @@ import pytest
 from daemon import Daemon, fake_env
 from fakehost import fake_process, proc_stat, slurm_v1_job
 
+pytestmark = [pytest.mark.daemon, pytest.mark.stack]  # the golden file: the real process, promtool
+
 GOLDEN = Path(__file__).parent / "golden"
 # Samples whose values differ from run to run; their HELP/TYPE lines stay in the file.
 VOLATILE = re.compile(r"^(process_\w+|gpuwatch_build_info|gpuwatch_poll_duration_seconds|gpuwatch_collector_duration_seconds|"

@@ -9,7 +9,6 @@ import os
 
 import fakenvml
 import pytest
-from daemon import wait_for
 from test_golden import series_per_gpu
 from test_rules import evaluate, gpu, snapshot, window
 
@@ -32,13 +31,13 @@ def labels(node, i, **extra):
 # ------------------------------------------------------------------- the real binding, fake library
 
 
-def test_gh200_reads_module_power_c2c_links_and_their_detail(start):
+def test_gh200_reads_module_power_c2c_links_and_their_detail(inproc):
     """Module power from field 185 with scopeId 1 beside the GPU's own power; the energy counter as NVML
     gives it (module-scoped on these GPUs); at defaults the 10 links, their bandwidth and the error counters,
     (C2C, a class of hardware, has no feature series: these say the GPU has it)."""
     node = fakenvml.FakeNode.gh200(2)
     node.gpus[1].c2c_errors = {"crc": 3, "replay": 7, "replay_b2b": 1}
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     g0 = labels(node, 0)
     assert d.value("gpuwatch_power_watts", **g0) == pytest.approx(90.12)
@@ -59,13 +58,13 @@ def test_gh200_reads_module_power_c2c_links_and_their_detail(start):
     assert d.value("gpuwatch_c2c_bandwidth_bytes_per_second", **g0) == 9 * C2C_MBPS * 1e6
 
 
-def test_c2c_link_down_fires_naming_the_link_and_low_power_is_not_down(start, tmp_path):
+def test_c2c_link_down_fires_naming_the_link_and_low_power_is_not_down(inproc, tmp_path):
     """Link 3 of GPU 0 inactive fires c2c_link_down on GPU 0 alone, its summary naming link 3; GPU 1's
     link 5 inactive in the low-power state is idle, not down (and counted active)."""
     node = fakenvml.FakeNode.gh200(2)
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {c2c_link_down: {hold: 0, clear: 0}}\n")
-    d = start(node, args=["--config", str(config)])
+    d = inproc(node, args=["--config", str(config)])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     node.gpus[0].c2c_links[3] = 0
     node.gpus[1].c2c_links[5] = 0
@@ -80,17 +79,17 @@ def test_c2c_link_down_fires_naming_the_link_and_low_power_is_not_down(start, tm
     assert d.value("gpuwatch_anomaly", rule="c2c_link_down", severity="critical", **labels(node, 1)) is None
     node.gpus[0].c2c_links[3] = 1
     d.fx.write(node)
-    wait_for(lambda: any(e["event"] == "anomaly_resolved" and e["rule"] == "c2c_link_down" for e in d.events()),
+    d.wait_for(lambda: any(e["event"] == "anomaly_resolved" and e["rule"] == "c2c_link_down" for e in d.events()),
              what="c2c_link_down to resolve")
 
 
-def test_gb200_defaults_stay_within_the_series_budget(start):
+def test_gb200_defaults_stay_within_the_series_budget(inproc):
     """A GB200 (NVLink5, fabric, GPM, C2C) at defaults: at most 100 series per GPU with its module power;
     C2C at defaults; the driver is the mock configuration's."""
     node = fakenvml.FakeNode.gb200(2)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
-    wait_for(lambda: d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx")) is not None,
+    d.wait_for(lambda: d.value("gpuwatch_pcie_traffic_bytes_total", **labels(node, 0, direction="tx")) is not None,
              what="the GPM counters")
     _, body = d.get("/metrics")
     counts = series_per_gpu(body)
@@ -103,49 +102,49 @@ def test_gb200_defaults_stay_within_the_series_budget(start):
     assert {dict(k[1])["architecture"] for k in d.metrics() if k[0] == "gpuwatch_gpu_info"} == {"blackwell"}
 
 
-def test_gpus_without_c2c_are_asked_once_and_show_no_module_power(start):
+def test_gpus_without_c2c_are_asked_once_and_show_no_module_power(inproc):
     """An x86 HGX H200 and an L40S: C2C mode is asked once per GPU at discovery, never again; no module
     power (the H200 answers NOT_SUPPORTED for the module scope, as NVIDIA's mock does), no C2C series."""
     node = fakenvml.FakeNode.from_profiles(["h200", "l40s"])
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     at_start = d.fx.counts()["nvmlDeviceGetTemperatureV"]
-    wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= at_start + 6, what="three more polls")
+    d.wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= at_start + 6, what="three more polls")
     assert d.fx.counts()["nvmlDeviceGetC2cModeInfoV"] == 2
     m = d.metrics()
     assert not [k for k in m if k[0].startswith("gpuwatch_c2c_") or k[0] == "gpuwatch_module_power_watts"]
     assert d.value("gpuwatch_power_watts", **labels(node, 0)) == pytest.approx(77.67)
 
 
-def test_an_old_driver_without_the_c2c_mode_call_still_reads_the_links(start):
+def test_an_old_driver_without_the_c2c_mode_call_still_reads_the_links(inproc):
     """Without nvmlDeviceGetC2cModeInfoV (FUNCTION_NOT_FOUND) the link count decides; the R575 error
     counters are INVALID_ARGUMENT on that driver and stay absent."""
     node = fakenvml.FakeNode.gh200(1)
-    d = start(node, old_driver=True)
+    d = inproc(node, old_driver=True)
     d.wait_value("gpuwatch_c2c_links", 10, **labels(node, 0, state="active"))
     assert d.value("gpuwatch_module_power_watts", **labels(node, 0)) == pytest.approx(201.35)
     assert not [k for k in d.metrics() if k[0] == "gpuwatch_c2c_errors_total"]
 
 
-def test_a_grace_gpu_without_module_scope_power_says_so_once(start):
+def test_a_grace_gpu_without_module_scope_power_says_so_once(inproc):
     """NVIDIA's mock answers NOT_SUPPORTED for the module scope: no module power series, one log line
     per GPU at discovery, and the C2C links are read all the same."""
     node = fakenvml.FakeNode.gh200(1)
     node.gpus[0].module_power_mw = None
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_c2c_links", 10, **labels(node, 0, state="active"))
     assert d.value("gpuwatch_module_power_watts", **labels(node, 0)) is None
     assert d.value("gpuwatch_power_watts", **labels(node, 0)) == pytest.approx(90.12)
     assert len([e for e in d.events() if e["event"] == "module_power_unavailable"]) == 1
 
 
-def test_grace_hwmon_sensors_through_the_daemon(start, tmp_path):
+def test_grace_hwmon_sensors_through_the_daemon(inproc, tmp_path):
     """--collector.grace.hwmon-root: the node-level Grace power and cap series; a garbage sensor file is
     counted and the valid sensors stay."""
     root = tmp_path / "hwmon"
     grace_tree(root, sockets=1)
     sensor(root, 9, "SysIO Power Socket 1", average=b"lots\n")
-    d = start(fakenvml.FakeNode.gh200(1), args=["--collector.grace.hwmon-root", str(root)])
+    d = inproc(fakenvml.FakeNode.gh200(1), args=["--collector.grace.hwmon-root", str(root)])
     d.wait_value("gpuwatch_grace_power_watts", 250.5, sensor="cpu", socket="0")
     assert d.value("gpuwatch_grace_power_watts", sensor="module", socket="0") == pytest.approx(612.25)
     assert d.value("gpuwatch_grace_power_cap_watts", socket="0") == 500

@@ -1,5 +1,6 @@
-"""Who holds each GPU, end to end: `gpuwatch run` over the fake library with fake cgroup trees, a
-fake scontrol, fake /proc trees and a fake kubelet (a real gRPC server on a unix socket)."""
+"""Who holds each GPU, end to end: the agent (in-process, simulated time; `gpuwatch run` where its
+threads are the subject) over the fake library with fake cgroup trees, a fake scontrol, fake /proc trees
+and a fake kubelet (a real gRPC server on a unix socket)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import fakenvml
@@ -20,11 +20,13 @@ SCONTROL = str(TESTS / "fakes" / "scontrol")
 SLURM_V2 = "0::/system.slice/slurmstepd.scope/job_{}/step_0/user/task_0\n"
 
 
-def host_env(fx, tmp_path, jobs=None, sleep=None):
-    env = fake_env(fx)
+def host_env_of_scontrol(tmp_path, jobs=None, sleep=None):
     world = scontrol_world(tmp_path / "world.json", jobs or {}, sleep=sleep)
-    env.update(FAKE_SCONTROL_STATE=str(world), FAKE_SCONTROL_LOG=str(tmp_path / "scontrol.log"))
-    return env
+    return dict(FAKE_SCONTROL_STATE=str(world), FAKE_SCONTROL_LOG=str(tmp_path / "scontrol.log"))
+
+
+def host_env(fx, tmp_path, jobs=None, sleep=None):
+    return {**fake_env(fx), **host_env_of_scontrol(tmp_path, jobs, sleep)}
 
 
 def host_args(tmp_path, *extra):
@@ -37,7 +39,7 @@ def scontrol_calls(tmp_path):
     return [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_every_allocated_gpu_shows_its_job_even_without_a_process(tmp_path):
+def test_every_allocated_gpu_shows_its_job_even_without_a_process(tmp_path, inproc, monkeypatch):
     """Slurm job 42 of alice asked for GPUs 0 and 1 (scontrol's GRES on cgroup v2) and runs on GPU 0
     only; GPUs 2 and 3 are free. GPU 1 shows the job without a process, is allocated, and
     allocated_idle fires on it naming the job and the user; the job's host side is exported; when
@@ -45,7 +47,6 @@ def test_every_allocated_gpu_shows_its_job_even_without_a_process(tmp_path):
     node = fakenvml.FakeNode.l40s(4)
     node.gpus[0].utilization = (90, 40)
     node.gpus[0].add_process(100, 4 * 2**30)
-    fx = fakenvml.prepare(tmp_path, node)
     proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
     proc_stat(proc)
     fake_process(proc, 100, user=120.0, system=4.0, read_bytes=10**9, write_bytes=10**6, cgroup=SLURM_V2.format(42),
@@ -56,7 +57,9 @@ def test_every_allocated_gpu_shows_its_job_even_without_a_process(tmp_path):
     jobs = {"42": {"user": "alice", "uid": 54321, "parts": [{"nodes": "gpu[06-07]", "gres": "gpu:l40s:2(IDX:0-1)"}]}}
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {allocated_idle: {hold: 0, every: 0, window_seconds: 2}}\n")
-    d = Daemon(tmp_path, host_env(fx, tmp_path, jobs), host_args(tmp_path, "--config", str(config)))
+    for name, value in host_env_of_scontrol(tmp_path, jobs).items():
+        monkeypatch.setenv(name, value)  # what the agent's scontrol inherits
+    d = inproc(node, args=host_args(tmp_path, "--config", str(config)))
     try:
         g = [dict(gpu=str(i), uuid=node.gpus[i].uuid) for i in range(4)]
         d.wait_value("gpuwatch_gpu_allocated", 1, **g[1])
@@ -86,6 +89,7 @@ def test_every_allocated_gpu_shows_its_job_even_without_a_process(tmp_path):
         d.stop()
 
 
+@pytest.mark.daemon  # the poll threads go on while the host job's scontrol hangs
 def test_a_hung_scontrol_delays_no_poll(tmp_path):
     """scontrol hangs (slurmctld not answering): while it runs, fast and slow polls go on at their
     interval and /metrics answers; it is killed at its timeout, counted, logged once, and not run
@@ -121,32 +125,34 @@ def test_a_hung_scontrol_delays_no_poll(tmp_path):
         d.stop()
 
 
-def test_input_bound_fires_on_a_job_whose_loaders_saturate_its_cpus_while_its_gpu_waits(tmp_path):
+def test_input_bound_fires_on_a_job_whose_loaders_saturate_its_cpus_while_its_gpu_waits(tmp_path, inproc,
+                                                                                        monkeypatch):
     """GPU 0 runs at 35 % for job 42, whose four loader processes keep its 4 CPUs 97 % busy: input_bound
     fires. GPU 1 runs at 35 % for job 43, whose CPUs idle at 10 %: silent. The CPU times grow in the
-    fake /proc as the test goes (rewritten on every look), so the daemon's rates are real rates."""
+    fake /proc with the agent's (simulated) time, rewritten on every look, so its rates are those rates."""
     node = fakenvml.FakeNode.l40s(2)
     for gpu in node.gpus:
         gpu.utilization = (35, 20)
-    fx = fakenvml.prepare(tmp_path, node)
     proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
     proc_stat(proc)
     slurm_v1_job(cgroup, 42, 1000, [100, 101, 102, 103], minors=[node.gpus[0].minor], cpus="0-3")
     slurm_v1_job(cgroup, 43, 1000, [200], minors=[node.gpus[1].minor], cpus="4-7")
     config = tmp_path / "gpuwatch.yml"
     config.write_text("rules: {input_bound: {hold: 0, every: 0, window_seconds: 2}}\n")
-    d = Daemon(tmp_path, host_env(fx, tmp_path), host_args(tmp_path, "--config", str(config)))
-    t0 = time.monotonic()
+    for name, value in host_env_of_scontrol(tmp_path).items():
+        monkeypatch.setenv(name, value)  # what the agent's scontrol inherits
+    d = inproc(node, args=host_args(tmp_path, "--config", str(config)))
+    t0 = d.clock.monotonic()
 
     def tick():
-        elapsed = time.monotonic() - t0
+        elapsed = d.clock.monotonic() - t0
         for pid in (100, 101, 102, 103):
             fake_process(proc, pid, user=0.97 * elapsed, read_bytes=0)
         fake_process(proc, 200, user=0.1 * 4 * elapsed, read_bytes=0)
         return d.value("gpuwatch_anomaly", gpu="0", uuid=node.gpus[0].uuid, rule="input_bound", severity="warning")
     try:
         tick()
-        wait_for(tick, timeout=30, what="input_bound on GPU 0")
+        d.wait_for(tick, timeout=30, what="input_bound on GPU 0")
         status = json.loads(d.get("/api/v1/status")[1])
         found = {a["gpu"]: a for a in status["anomalies"] if a["rule"] == "input_bound"}  # the firing ones
         assert "slurm job 42's 4 processes keep" in found["0"]["summary"]
@@ -170,7 +176,7 @@ def kubelet(tmp_path):
     subprocess.run(["rm", "-rf", str(socket_dir)], check=False)
 
 
-def test_pods_from_the_kubelet_label_whole_gpus_and_mig_devices(tmp_path, kubelet):
+def test_pods_from_the_kubelet_label_whole_gpus_and_mig_devices(tmp_path, kubelet, inproc):
     socket_path, pods = kubelet
     node = fakenvml.FakeNode.h100_mig(2)
     mig = node.gpus[0].mig_devices[1]
@@ -181,8 +187,7 @@ def test_pods_from_the_kubelet_label_whole_gpus_and_mig_devices(tmp_path, kubele
         {"namespace": "serve", "name": "infer-7", "containers": [
             {"name": "server", "devices": [{"resource_name": "nvidia.com/mig-3g.40gb", "device_ids": [mig.uuid]}]}]},
     ]))
-    fx = fakenvml.prepare(tmp_path, node)
-    d = Daemon(tmp_path, fake_env(fx), ["--collector.kubernetes.socket", str(socket_path)])
+    d = inproc(node, args=["--collector.kubernetes.socket", str(socket_path)])
     try:
         g0, g1 = (dict(gpu=str(i), uuid=node.gpus[i].uuid) for i in range(2))
         d.wait_value("gpuwatch_gpu_pod_info", 1, namespace="ml", pod="train-0", container="main", **g1)

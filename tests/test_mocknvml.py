@@ -1,8 +1,9 @@
 """gpuwatch over NVIDIA's mock NVML (../shared/mocknvml), every profile it ships.
 
-An NVML this project did not write: `gpuwatch once` and a short `gpuwatch run` per profile must export
+An NVML this project did not write: what `gpuwatch once` shows and a short run per profile must export
 every GPU up, every group collected, the values of the profile's YAML and every reading the profile
-serves; the mock's injected faults must fire exactly their rule on exactly the faulted GPU. What gpuwatch
+serves (the agent in-process on simulated time, the mock in a child process: inproc.InProc; `gpuwatch run`
+where the mock's own clock drives the fault); the mock's injected faults must fire exactly their rule on exactly the faulted GPU. What gpuwatch
 must export is computed from the YAML (tests/mocknvml.py Profile), never written down per profile, so a
 new profile in configs/ is covered as it is. Where the mock differs from NVML's header (its README,
 "Where it is NOT the truth"), gpuwatch follows the header and the test says which way.
@@ -13,17 +14,17 @@ Skips, saying where it looked, only when the mock is absent.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import mocknvml
 import pytest
-from daemon import Daemon, parse, wait_for
+from daemon import Daemon, wait_for
+from inproc import InProc
 
 from gpuwatch.rules import all_rules
+from gpuwatch.testing import ChildBackend, load_config
 
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -50,20 +51,44 @@ def lib(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def once(lib, tmp_path_factory) -> Callable[..., Metrics]:
-    """once(profile, *args): the metrics of `gpuwatch once` over the profile (exit 0 asserted); run once
-    per profile and arguments in this module."""
+def children(lib, tmp_path_factory) -> Callable[[mocknvml.Profile], ChildBackend]:
+    """children(profile): a process that has loaded the mock serving the profile, one per profile in this
+    module (the mock takes its profile when its process starts: a second one costs a Python start-up);
+    each agent builds its own backend in it (ChildBackend.configure), as a new configuration would."""
+    made: dict[str, tuple[ChildBackend, IO[str]]] = {}
+
+    def child(profile: mocknvml.Profile) -> ChildBackend:
+        key = json.dumps(profile.doc, sort_keys=True, default=str)
+        if key not in made:
+            workdir = tmp_path_factory.mktemp(profile.name)
+            env = mocknvml.env(lib, profile.write(workdir))
+            log = open(workdir / "backend.log", "w")
+            made[key] = ChildBackend(load_config((), env), env, stderr=log), log
+        return made[key][0]
+
+    yield child
+    for process, log in made.values():
+        process.stop()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def once(children, tmp_path_factory) -> Callable[..., Metrics]:
+    """once(profile, *args): the metrics of `gpuwatch once` over the profile (the backend up asserted: its
+    exit 0), the agent in-process (inproc.InProc: the first fast poll, its slow poll, the host groups); run
+    once per profile and arguments in this module."""
     cache: dict[tuple[Path, str, tuple[str, ...]], Metrics] = {}
 
     def run(profile: mocknvml.Profile, *args: str) -> Metrics:
         key = (profile.path, json.dumps(profile.doc, sort_keys=True, default=str), args)
         if key not in cache:
-            config = profile.write(tmp_path_factory.mktemp(profile.name))
-            result = subprocess.run([sys.executable, "-m", "gpuwatch", "once", "--log.format", "json", *args],
-                                    env=mocknvml.env(lib, config), capture_output=True, text=True, timeout=60,
-                                    stdin=subprocess.DEVNULL)
-            assert result.returncode == 0, result.stderr
-            cache[key] = parse(result.stdout)
+            d = InProc(tmp_path_factory.mktemp(profile.name), args=["--log.level", "info", *args],
+                       child=children(profile))
+            try:
+                assert d.h.poller.backend_up  # `gpuwatch once` exits 0
+                cache[key] = d.metrics()
+            finally:
+                d.stop()
         return cache[key]
 
     return run
@@ -388,14 +413,26 @@ EAGER = {"rules": {r.id: {"hold": 0, "every": 0} for r in all_rules()}}
 
 
 def start(lib: Path, workdir: Path, profile: mocknvml.Profile, config: dict[str, Any] | None = None,
-          args: tuple[str, ...] = ()) -> Daemon:
-    """`gpuwatch run` over the profile: fast polls every 0.25 s, slow every 1 s (tests/daemon.py)."""
+          args: tuple[str, ...] = (), daemon: bool = False, child: ChildBackend | None = None) -> Daemon | InProc:
+    """The agent over the profile, fast polls every 0.25 s, slow every 1 s: in-process on simulated time
+    (inproc.InProc; over a backend in ``child`` if given), or ``daemon``: `gpuwatch run` (tests/daemon.py),
+    where the mock's own clock matters."""
     workdir.mkdir(parents=True, exist_ok=True)
     extra = list(args)
     if config is not None:
         (workdir / "gpuwatch.yml").write_text(json.dumps(config))
         extra += ["--config", str(workdir / "gpuwatch.yml")]
-    return Daemon(workdir, mocknvml.env(lib, profile.write(workdir / "profile")), extra)
+    if child is not None:
+        return InProc(workdir / "agent", args=extra, child=child)
+    env = mocknvml.env(lib, profile.write(workdir / "profile"))
+    if daemon:
+        return Daemon(workdir, env, extra)
+    return InProc(workdir / "agent", args=extra, nvml_env=env)
+
+
+def waiter(d: Daemon | InProc) -> Callable[..., Any]:
+    """wait_for on the agent's time: simulated in-process, real for a daemon."""
+    return d.wait_for if isinstance(d, InProc) else wait_for
 
 
 def poll_errors(m: Metrics) -> dict[tuple[tuple[str, str], ...], float]:
@@ -403,9 +440,9 @@ def poll_errors(m: Metrics) -> dict[tuple[tuple[str, str], ...], float]:
 
 
 @pytest.mark.parametrize("path", PROFILES)
-def test_run_exports_the_profiles_values_and_polls_cleanly(lib, tmp_path, path):
+def test_run_exports_the_profiles_values_and_polls_cleanly(lib, children, tmp_path, path):
     profile = mocknvml.Profile.load(path)
-    d = start(lib, tmp_path, profile, EAGER)
+    d = start(lib, tmp_path, profile, EAGER, child=children(profile))
     try:
         def polled(count: int) -> Metrics | None:
             m = d.metrics()
@@ -413,7 +450,7 @@ def test_run_exports_the_profiles_values_and_polls_cleanly(lib, tmp_path, path):
                 value(m, "gpuwatch_poll_success", tier="fast") == 1
             return m if done and len(series(m, "gpuwatch_gpu_up")) == count else None
 
-        first = wait_for(lambda: polled(profile.count), what=f"{profile.name}: the first slow poll")
+        first = d.wait_for(lambda: polled(profile.count), what=f"{profile.name}: the first slow poll")
         check_profile(first, profile)
         stamp = value(first, "gpuwatch_last_poll_timestamp_seconds", tier="slow")
 
@@ -421,7 +458,7 @@ def test_run_exports_the_profiles_values_and_polls_cleanly(lib, tmp_path, path):
             m = d.metrics()
             return m if value(m, "gpuwatch_last_poll_timestamp_seconds", tier="slow") != stamp else None
 
-        later = wait_for(next_slow_poll, what=f"{profile.name}: another slow poll")
+        later = d.wait_for(next_slow_poll, what=f"{profile.name}: another slow poll")
         assert value(later, "gpuwatch_poll_success", tier="fast") == 1
         assert value(later, "gpuwatch_poll_success", tier="slow") == 1
         assert poll_errors(later) == poll_errors(first), "poll errors on a healthy profile"
@@ -436,7 +473,7 @@ def test_run_exports_the_profiles_values_and_polls_cleanly(lib, tmp_path, path):
 
 def fault_run(lib: Path, tmp_path: Path, profile: mocknvml.Profile, index: int, fault: dict[str, Any],
               expected: set[str], config: dict[str, Any] | None = None, timeout: float = 20.0,
-              needs: tuple[tuple[str, dict[str, str]], ...] = ()) -> tuple[Metrics, list[dict]]:
+              needs: tuple[tuple[str, dict[str, str]], ...] = (), daemon: bool = False) -> tuple[Metrics, list[dict]]:
     """Inject ``fault`` into GPU ``index`` of the profile; wait until exactly ``expected`` rules fire on that
     GPU; then nothing may fire anywhere else. The metrics of that moment and the log. ``needs``: the
     families (with labels) the rule reads, which the first slow poll must have exported for that GPU."""
@@ -444,7 +481,8 @@ def fault_run(lib: Path, tmp_path: Path, profile: mocknvml.Profile, index: int, 
     rules = {r.id: {"hold": 0, "every": 0} for r in all_rules()}
     for rule, settings in ((config or {}).get("rules") or {}).items():
         rules[rule] = {**rules.get(rule, {}), **settings}
-    d = start(lib, tmp_path, faulty, {"rules": rules})
+    d = start(lib, tmp_path, faulty, {"rules": rules}, daemon=daemon)
+    wait = waiter(d)
     try:
         want = {(rule, str(index)) for rule in expected}
         if needs:
@@ -452,7 +490,7 @@ def fault_run(lib: Path, tmp_path: Path, profile: mocknvml.Profile, index: int, 
                 m = d.metrics()
                 return m if value(m, "gpuwatch_poll_success", tier="slow") == 1 else None
 
-            first = wait_for(slow_polled, what="the first slow poll")
+            first = wait(slow_polled, what="the first slow poll")
             absent = [f"{f}{labels}" for f, labels in needs if not series(first, f, **gpu(profile, index), **labels)]
             assert not absent, f"GPU {index} does not export what {sorted(expected)} reads: {absent}"
 
@@ -460,7 +498,7 @@ def fault_run(lib: Path, tmp_path: Path, profile: mocknvml.Profile, index: int, 
             m = d.metrics()
             return m if want <= firing(m) else None
 
-        m = wait_for(fired, timeout, f"{sorted(expected)} firing on GPU {index}")
+        m = wait(fired, timeout, f"{sorted(expected)} firing on GPU {index}")
         assert firing(m) == want, f"beyond {sorted(want)}: {sorted(firing(m) - want, key=str)}"
         status = json.loads(d.get("/api/v1/status")[1])
         assert {(a["rule"], a["gpu"]) for a in status["anomalies"]} == want
@@ -508,6 +546,7 @@ def test_ecc_uncorrectable_fires_on_that_gpu_alone(lib, tmp_path):
     assert value(m, "gpuwatch_gpu_up", **gpu(profile, 2)) == 1
 
 
+@pytest.mark.daemon  # the mock's error rate runs on its real clock: the rule's rate must too
 def test_nvlink_error_on_blackwell_is_nvlink_errors_rising_on_that_gpu_alone(lib, tmp_path):
     """The mock's nvlink_error (200 errors/s on every link of GB200 GPU 2) raises, per link, the NVLink5
     counters 206-215, 219 and 221 and the DL counters 161-163 (engine/nvlink_fields.go). On Blackwell
@@ -517,7 +556,7 @@ def test_nvlink_error_on_blackwell_is_nvlink_errors_rising_on_that_gpu_alone(lib
     profile = profile_named("gb200")
     fault_run(lib, tmp_path, profile, 2, {"nvlink_error": {"rate": 200.0}}, {"nvlink_errors_rising"},
               {"rules": {"nvlink_errors_rising": {"lookback_seconds": 5}}},
-              needs=(("gpuwatch_nvlink_errors_total", {}),))
+              needs=(("gpuwatch_nvlink_errors_total", {}),), daemon=True)
 
 
 # ------------------------------------------------------------------------------------ where the mock is not NVML
@@ -552,17 +591,17 @@ def test_c2c_mode_without_its_link_fields_is_said_once(lib, tmp_path, path):
     answers beside it: gpuwatch says so once per GPU (c2c_links_unreadable), exports no C2C series rather than
     zeros but the c2c feature 0 (the hardware is there, its readings are not), and its c2c group succeeds."""
     profile = mocknvml.Profile.load(path)
-    config = profile.write(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "gpuwatch", "once", "--log.format", "json"],
-                            env=mocknvml.env(lib, config), capture_output=True, text=True, timeout=60,
-                            stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    d = InProc(tmp_path / "agent", args=["--log.level", "info"], nvml_env=mocknvml.env(lib, profile.write(tmp_path)))
+    try:
+        assert d.h.poller.backend_up, d.events()  # what `gpuwatch once` shows, exit 0
+        events, stdout = d.events(), d.scrape()
+    finally:
+        d.stop()
     assert [e["event"] for e in events].count("c2c_links_unreadable") == profile.count
-    assert "gpuwatch_c2c_" not in result.stdout
-    assert result.stdout.count('feature="c2c"') == profile.count and 'feature="c2c",gpu="0"' in result.stdout
-    assert not [line for line in result.stdout.splitlines() if 'feature="c2c"' in line and not line.endswith(" 0.0")]
-    assert 'gpuwatch_collector_success{group="c2c"} 1.0' in result.stdout
+    assert "gpuwatch_c2c_" not in stdout
+    assert stdout.count('feature="c2c"') == profile.count and 'feature="c2c",gpu="0"' in stdout
+    assert not [line for line in stdout.splitlines() if 'feature="c2c"' in line and not line.endswith(" 0.0")]
+    assert 'gpuwatch_collector_success{group="c2c"} 1.0' in stdout
 
 
 @pytest.mark.parametrize("path", blackwell_with_links())

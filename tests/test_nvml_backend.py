@@ -1,7 +1,8 @@
-"""The real gpuwatch process over the real pynvml binding and a fake libnvidia-ml.so.1.
+"""The agent over the real pynvml binding and a fake libnvidia-ml.so.1.
 
-Each test writes the fake node's state file, starts `gpuwatch run`, and rewrites the state
-while it runs to inject faults.
+Each test writes the fake node's state file, starts the agent in-process on simulated time (the NVML
+backend in a child process: inproc.InProc), and rewrites the state while it runs to inject faults. A
+wedged call (threads, real time) and the CLI's exit status run the real `gpuwatch` process.
 """
 
 import json
@@ -10,6 +11,7 @@ import subprocess
 import sys
 
 import fakenvml
+import pytest
 from daemon import wait_for
 
 
@@ -17,10 +19,10 @@ def labels(node, i, **extra):
     return dict(gpu=str(i), uuid=node.gpus[i].uuid, **extra)
 
 
-def test_healthy_h200_node(start):
+def test_healthy_h200_node(inproc):
     """8 fanless H200s: readings in base units, fans absent and marked unsupported, T.Limit thresholds."""
     node = fakenvml.FakeNode.h200(8)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     m = d.metrics()
@@ -42,7 +44,7 @@ def test_healthy_h200_node(start):
     assert sorted(i["uuid"] for i in info) == sorted(g.uuid for g in node.gpus)
     assert {i["architecture"] for i in info} == {"hopper"}
     # NOT_SUPPORTED was probed once and never polled again
-    wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= 8 * 4, what="the probe and 3 polls")
+    d.wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= 8 * 4, what="the probe and 3 polls")
     counts = d.fx.counts()
     assert counts["nvmlDeviceGetNumFans"] == 8
     assert counts.get("nvmlDeviceGetFanSpeed_v2", 0) == 0
@@ -50,9 +52,9 @@ def test_healthy_h200_node(start):
     assert counts.get("nvmlDeviceGetPowerUsage", 0) == 0
 
 
-def test_consumer_card_with_two_fans(start):
+def test_consumer_card_with_two_fans(inproc):
     node = fakenvml.FakeNode.rtx(1)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     g = node.gpus[0]
     for i, (speed, target, rpm) in enumerate(zip(g.fan_speeds, g.fan_targets, g.fan_rpms)):
@@ -65,9 +67,9 @@ def test_consumer_card_with_two_fans(start):
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="ecc")) == 0
 
 
-def test_one_gpu_lost_and_back(start):
+def test_one_gpu_lost_and_back(inproc):
     node = fakenvml.FakeNode.h200(4)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
     node.gpus[2].lost = True
     d.fx.write(node)
@@ -76,7 +78,7 @@ def test_one_gpu_lost_and_back(start):
     assert d.value("gpuwatch_temperature_celsius", **labels(node, 2, sensor="gpu")) is None
     assert d.value("gpuwatch_temperature_celsius", **labels(node, 3, sensor="gpu")) == node.gpus[3].temperature
     assert d.value("gpuwatch_poll_success", tier="fast") == 0
-    wait_for(lambda: (d.value("gpuwatch_poll_errors_total", tier="fast", error="gpu_is_lost") or 0) >= 2)
+    d.wait_for(lambda: (d.value("gpuwatch_poll_errors_total", tier="fast", error="gpu_is_lost") or 0) >= 2)
     lost_events = [e for e in d.events() if e["event"] == "gpu_lost"]
     assert len(lost_events) == 1 and lost_events[0]["uuid"] == node.gpus[2].uuid and lost_events[0]["gpu"] == "2"
     # liveness is about collection: a lost GPU must not make a liveness probe restart gpuwatch
@@ -90,12 +92,12 @@ def test_one_gpu_lost_and_back(start):
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
 
 
-def test_a_gpu_lost_while_probed_is_reported_down(start):
+def test_a_gpu_lost_while_probed_is_reported_down(inproc):
     """A GPU that answers its identity but GPU_IS_LOST to a probe (it fell off the bus during discovery, as
     NVIDIA's mock NVML does it) has no reading to poll: it is down, not up with nothing to show."""
     node = fakenvml.FakeNode.h200(3)
     node.gpus[1].set_error("nvmlDeviceGetPerformanceState", 15)  # GPU_IS_LOST, probed by the power group
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 0, tier="fast")
     d.wait_value("gpuwatch_gpu_up", 0, **labels(node, 1))
     assert d.value("gpuwatch_gpu_up", **labels(node, 0)) == 1
@@ -106,19 +108,19 @@ def test_a_gpu_lost_while_probed_is_reported_down(start):
     assert [e["gpu"] for e in lost] == ["1"], lost
 
 
-def test_driver_not_loaded_then_mismatch_then_recovery(start):
+def test_driver_not_loaded_then_mismatch_then_recovery(inproc):
     """The process keeps serving through init failures, logs each cause once, recovers by itself."""
     node = fakenvml.FakeNode.h200(2)
     node.init_error = 9  # DRIVER_NOT_LOADED
-    d = start(node)
+    d = inproc(node)
     status, body = d.get("/metrics")
     assert status == 200 and 'gpuwatch_backend_up{backend="nvml"} 0.0' in body
     status, body = d.get("/healthz")
     assert status == 503 and "Driver Not Loaded" in body
-    wait_for(lambda: [e for e in d.events() if e.get("reason") == "driver_not_loaded"])
+    d.wait_for(lambda: [e for e in d.events() if e.get("reason") == "driver_not_loaded"])
     node.init_error = 18  # LIB_RM_VERSION_MISMATCH: driver upgraded without reboot
     d.fx.write(node)
-    wait_for(lambda: [e for e in d.events() if e.get("reason") == "driver_version_mismatch"])
+    d.wait_for(lambda: [e for e in d.events() if e.get("reason") == "driver_version_mismatch"])
     assert d.value("gpuwatch_backend_up", backend="nvml") == 0
     assert d.value("gpuwatch_driver_info", driver_version="590.48.01", nvml_version="13.590.48.01",
                    cuda_driver_version="13.1") is None
@@ -131,9 +133,10 @@ def test_driver_not_loaded_then_mismatch_then_recovery(start):
     assert [e["reason"] for e in down] == ["driver_not_loaded", "driver_version_mismatch"]
     assert all(e["hint"] for e in down)
     assert [e["event"] for e in d.events()].count("backend_recovered") == 1
-    assert d.proc.poll() is None
+    assert d.h.alive() is None  # the scheduler kept running the rules throughout
 
 
+@pytest.mark.daemon
 def test_blocked_call_makes_data_stale_not_the_endpoint(start):
     """An NVML call that does not return: /metrics keeps answering, poll_success 0, readings dropped."""
     node = fakenvml.FakeNode.h200(2)
@@ -155,9 +158,9 @@ def test_blocked_call_makes_data_stale_not_the_endpoint(start):
     assert d.fx.counts()["nvmlDeviceGetTemperatureV"] > calls_while_blocked
 
 
-def test_old_driver_falls_back_to_older_apis(start):
+def test_old_driver_falls_back_to_older_apis(inproc):
     node = fakenvml.FakeNode.h200(1)
-    d = start(node, old_driver=True)
+    d = inproc(node, old_driver=True)
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
     g = node.gpus[0]
     assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="gpu")) == g.temperature
@@ -173,7 +176,7 @@ def test_old_driver_falls_back_to_older_apis(start):
     assert d.value("gpuwatch_poll_errors_total", tier="fast", error="function_not_found") is None
 
 
-def test_not_supported_single_readings_are_absent(start):
+def test_not_supported_single_readings_are_absent(inproc):
     """GPU 1 has neither the average-power field nor GetPowerUsage, nor the memory temperature: absent,
     feature 0. GPU 2 lacks only the field (a driver before R535): its power comes from GetPowerUsage."""
     node = fakenvml.FakeNode.h200(3)
@@ -181,7 +184,7 @@ def test_not_supported_single_readings_are_absent(start):
     node.gpus[1].set_field_error(185, 3)  # NVML_FI_DEV_POWER_AVERAGE
     node.gpus[1].set_field_error(82, 3)  # memory temperature
     node.gpus[2].set_field_error(185, 3)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
     assert d.value("gpuwatch_power_watts", **labels(node, 2)) == node.gpus[2].power_mw / 1000
     assert d.fx.counts()["nvmlDeviceGetPowerUsage"] >= 2  # GPU 1's probe and GPU 2's polls
@@ -193,14 +196,14 @@ def test_not_supported_single_readings_are_absent(start):
     # a reading that fails with another error later is counted, not marked unsupported
     node.gpus[0].set_error("nvmlDeviceGetUtilizationRates", 999)
     d.fx.write(node)
-    wait_for(lambda: d.value("gpuwatch_poll_errors_total", tier="fast", error="unknown"))
+    d.wait_for(lambda: d.value("gpuwatch_poll_errors_total", tier="fast", error="unknown"))
     assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is None
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="utilization")) == 1
 
 
-def test_xid_event_becomes_a_counter(start):
+def test_xid_event_becomes_a_counter(inproc):
     node = fakenvml.FakeNode.h200(2)
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
     assert d.value("gpuwatch_xid_events_total", **labels(node, 1)) == 0
     assert d.value("gpuwatch_xid_errors_total", **labels(node, 1, xid="79")) is None
@@ -219,17 +222,17 @@ def test_xid_event_becomes_a_counter(start):
     node.add_xid(gpu=0, xid=999)  # a code the table does not know: unknown, never a guess
     d.fx.write(node)
     d.wait_value("gpuwatch_xid_errors_total", 1, **labels(node, 0, xid="999"))
-    unknown = wait_for(lambda: [e for e in d.events() if e["event"] == "xid_event" and e["xid"] == 999],
+    unknown = d.wait_for(lambda: [e for e in d.events() if e["event"] == "xid_event" and e["xid"] == 999],
                        what="the xid_event of 999")
     assert (unknown[0]["meaning"], unknown[0]["action"]) == ("unknown XID", "see NVIDIA's Xid catalog")
 
 
-def test_a_gpu_that_refuses_the_xid_registration_says_so(start):
+def test_a_gpu_that_refuses_the_xid_registration_says_so(inproc):
     """A GPU that answers the event types but refuses nvmlDeviceRegisterEvents delivers no XID: its
     xid_events feature is 0 and it shows no XID counter at 0 (no false reassurance); the others keep theirs."""
     node = fakenvml.FakeNode.h200(2)
     node.gpus[1].set_error("nvmlDeviceRegisterEvents", 3)  # NVML_ERROR_NOT_SUPPORTED
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_poll_success", 1, tier="fast")
     assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 1, feature="xid_events")) == 0
     assert d.value("gpuwatch_xid_events_total", **labels(node, 1)) is None
@@ -237,15 +240,15 @@ def test_a_gpu_that_refuses_the_xid_registration_says_so(start):
     assert d.value("gpuwatch_xid_events_total", **labels(node, 0)) == 0
 
 
-def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
+def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(inproc):
     """--no-collector.<group>: not probed, not read (the fake library counts every call), no feature
     series and no metric; the enabled groups go on as usual and report their own success."""
     node = fakenvml.FakeNode.from_profiles(["rtx", "h200"])  # the RTX has fans
     node.gpus[0].add_process(4242, 2**30)
-    d = start(node, args=["--no-collector.clocks", "--no-collector.fans", "--no-collector.processes",
+    d = inproc(node, args=["--no-collector.clocks", "--no-collector.fans", "--no-collector.processes",
                           "--no-collector.xid", "--no-collector.ecc", "--no-collector.c2c"])
     d.wait_value("gpuwatch_poll_success", 1, tier="slow")
-    wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= 2 * 4, what="the probe and 3 polls")
+    d.wait_for(lambda: d.fx.counts()["nvmlDeviceGetTemperatureV"] >= 2 * 4, what="the probe and 3 polls")
     counts = d.fx.counts()
     silent = ["nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
               "nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetNumFans", "nvmlDeviceGetFanSpeed_v2",
@@ -268,11 +271,11 @@ def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(start):
     assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="gpu")) == node.gpus[0].temperature
 
 
-def test_a_failing_reading_marks_its_group_not_the_others(start):
+def test_a_failing_reading_marks_its_group_not_the_others(inproc):
     """An error in one group's call on one GPU: that group's collector_success is 0, the others 1."""
     node = fakenvml.FakeNode.h200(2)
     node.gpus[1].set_error("nvmlDeviceGetUtilizationRates", 999)  # UNKNOWN
-    d = start(node)
+    d = inproc(node)
     d.wait_value("gpuwatch_collector_success", 0, group="utilization")
     assert d.value("gpuwatch_collector_success", group="thermal") == 1
     assert d.value("gpuwatch_collector_success", group="clocks") == 1
@@ -280,6 +283,7 @@ def test_a_failing_reading_marks_its_group_not_the_others(start):
     assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is not None
 
 
+@pytest.mark.daemon
 def test_a_library_copied_as_a_text_file_says_how_to_link_it(tmp_path):
     """A copy that turned the libnvidia-ml.so.1 symlink into a text file naming the real library (as NVIDIA's
     mock arrives in shared/): NVML cannot be loaded, and the hint names the file and the link that mends it."""

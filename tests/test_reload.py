@@ -3,7 +3,10 @@
 import os
 import signal
 
+import pytest
 from daemon import Daemon, wait_for
+
+pytestmark = pytest.mark.daemon  # SIGHUP reaches the real process
 
 
 def test_sighup_applies_rule_settings_and_survives_a_bad_file(tmp_path):

@@ -4,6 +4,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatch import logs
 from gpuwatch.clock import FakeClock
 from gpuwatch.exporter.catalogue import CATALOGUE
 from gpuwatch.model import FEATURES, DiscoveredGpu
@@ -174,7 +175,7 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
                         getattr(slow, group.slow) if group.slow else None)))
             for unit in JOINT:
                 unit.render(collecting(prefix), *unit.select(state, fast, slow, host))
-        Renderer(staleness, build_labels())._node(collecting(()), snap, now, 90.0, 0)
+        Renderer(staleness, build_labels())._node(collecting(()), snap, now, 90.0, logs.dropped_lines())
         assert {"gpuwatch_gpu_allocated", "gpuwatch_gpu_pod_info", "gpuwatch_job_cpu_seconds_total",
                 "gpuwatch_collector_errors_total"} <= rows.keys()
         registry = CollectorRegistry(auto_describe=False)

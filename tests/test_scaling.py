@@ -3,10 +3,10 @@ deploy/prometheus/sharding/shard.example.yml (rooms split by ``hashmod``, every 
 remote_write of the recorded series), and a global Prometheus that receives them
 (``--web.enable-remote-write-receiver``, as Mimir or Thanos Receive would) and evaluates
 deploy/prometheus/sharding/global.rules.yml. Eight targets in two rooms, served by one gpuwatch process
-over the fake library (bench/fleet.py's Fleet).
+over the fake library (tests/fleetsim.py: the Fleet bench/fleet.py also runs).
 
 Only what a test needs differs from the shipped files: 2 s intervals, targets from a file_sd file
-here, loopback URLs, no Alertmanager, and the rules made quick (tests/benchfleet.py: the alerts'
+here, loopback URLs, no Alertmanager, and the rules made quick (tests/fleetsim.py: the alerts'
 ``for:`` at 0, every group at the 2 s evaluation interval; promtool's cases check them as shipped).
 """
 
@@ -18,10 +18,13 @@ import re
 import urllib.parse
 from pathlib import Path
 
+import fleetsim
 import pytest
 import yaml
-from benchfleet import fleet_bench, new_fleet, rules_for_tests
 from daemon import wait_for
+from fleetsim import new_fleet, rules_for_tests
+
+pytestmark = [pytest.mark.daemon, pytest.mark.stack]  # sharded Prometheus servers over a fleet of gpuwatch processes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDING = ROOT / "deploy" / "prometheus" / "sharding"
@@ -125,8 +128,8 @@ def test_the_global_store_gets_the_recordings_and_alerts_only_and_sums_the_shard
 def _label_values(server, variable: str, values: dict[str, str]) -> set[str]:
     """What Grafana's label_values(metric{...}, label) lists: /api/v1/label/<label>/values?match[]=..."""
     metric, label = re.fullmatch(r"label_values\((.+), (\w+)\)", variable).groups()  # type: ignore[union-attr]
-    document = fleet_bench._get(f"{server.base}/api/v1/label/{label}/values?"
-                                + urllib.parse.urlencode({"match[]": fleet_bench.substitute(metric, values)}))
+    document = fleetsim.get_json(f"{server.base}/api/v1/label/{label}/values?"
+                                + urllib.parse.urlencode({"match[]": fleetsim.substitute(metric, values)}))
     assert document["status"] == "success", document
     return set(document["data"])
 
@@ -135,7 +138,7 @@ def test_the_fleet_and_jobs_dashboards_answer_from_the_global_store(sharded):
     """They read recorded series only, variables included, so the global store answers every query that
     a shard answers, and the stats add up over the shards."""
     _, shards, receiver = sharded
-    queries = [q for q in fleet_bench.dashboard_queries("r0a-n1:19400") if q["uid"] in ("gpuwatch-fleet", "gpuwatch-jobs")]
+    queries = [q for q in fleetsim.dashboard_queries("r0a-n1:19400") if q["uid"] in ("gpuwatch-fleet", "gpuwatch-jobs")]
     assert len(queries) > 40
     # empty on a healthy fleet without per-process memory or I/O wait: the sparse tables and lines
     quiet = {("gpuwatch-fleet", "Firing anomalies by rule", "A"), ("gpuwatch-fleet", "GPUs needing attention", "A"),
@@ -168,7 +171,7 @@ def test_the_fleet_and_jobs_dashboards_answer_from_the_global_store(sharded):
     (rack,) = receiver.result(stats[("gpuwatch-fleet", "Power by rack against budget")])
     assert rack["metric"]["rack"] == "r1b" and float(rack["value"][1]) == pytest.approx(1.2)
     # the variables Grafana fills its drop-downs from
-    for path in fleet_bench.DASHBOARDS:
+    for path in fleetsim.DASHBOARDS:
         dashboard = json.loads(path.read_text())
         if dashboard["uid"] == "gpuwatch-node":
             continue

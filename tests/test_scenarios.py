@@ -1,12 +1,13 @@
 """Every rule's scenario through the real pipeline: simulated node -> poller -> store -> engine.
 
-No scheduler and no sleeps: a FakeClock advances by the fast interval (2 s) per tick. Polls run on
-worker threads, as APScheduler runs them, so that a hung NVML call (the collection_stalled
-scenario) really blocks its poll while time goes on; ``SimulatedBackend.hung_reads`` tells a hung
-poll from a running one, so every tick waits for its poll unless that poll is hung, and the run
-stays deterministic. The slow tier runs every 30 s, XID events are moved into the store as the
-poller's event thread does, and the engine is evaluated every tick with the tick's time (like its
-timer), all with the shipped defaults.
+No scheduler and no sleeps: the agent as `gpuwatch run --sim.scenario NAME` wires it, on a FakeClock
+(gpuwatch.testing.Harness: fast polls every 2 s with the rules after each, slow polls and the host job
+every 30 s, XID events drained after each job), read every 2 s, all with the shipped defaults. The
+scenario whose reads hang (collection_stalled) plays on worker threads instead, as APScheduler runs
+the polls, so that the hung call really blocks its poll while time goes on;
+``SimulatedBackend.hung_reads`` tells a hung poll from a running one, so every tick waits for its poll
+unless that poll is hung, and the run stays deterministic; there the engine is evaluated every tick
+with the tick's time (like its timer).
 
 Timing expectations come from the scenario: the expected anomaly starts firing no later than
 onset + condition latency + hold + 2 polls (``Scenario.fires_by``) and is quiet again no later
@@ -31,6 +32,7 @@ from gpuwatch.poller import Poller
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.store import Store
+from gpuwatch.testing import Harness
 
 FAST, SLOW, STALENESS = 2.0, 30.0, 6.0
 RULES = {rule.id: rule for rule in all_rules()}
@@ -84,6 +86,27 @@ class Run:
 
 
 def play(scenario: Scenario) -> Run:
+    """The scenario through the agent as `gpuwatch run --backend simulated --sim.scenario NAME` wires it,
+    on simulated time (gpuwatch.testing.Harness); a scenario whose reads hang plays on threads (play_hung)."""
+    if any(fault.kind == "hang" for fault in scenario.faults):
+        return play_hung(scenario)
+    harness = Harness(args=["--backend", "simulated", "--sim.scenario", scenario.name, "--poll.interval", str(FAST),
+                            "--poll.slow-interval", str(SLOW)])
+    start = harness.clock.monotonic()
+    run = Run()
+    try:
+        for tick in range(int(scenario.duration_seconds / FAST) + 1):
+            harness.advance(FAST if tick else 0)
+            run.ticks.append((harness.clock.monotonic() - start,
+                              {(a.rule, a.gpu): a.severity for a in harness.anomalies()}))
+    finally:
+        harness.close()
+    return run
+
+
+def play_hung(scenario: Scenario) -> Run:
+    """Polls on worker threads, as APScheduler runs them, so that a hung read blocks its poll while
+    time goes on (see the module docstring)."""
     clock = FakeClock()
     backend = scenario.backend(clock)
     store = Store(clock, backend.name, NodeInfo(power_budget_watts=scenario.node_power_budget_watts))

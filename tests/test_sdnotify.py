@@ -3,6 +3,8 @@
 import os
 import socket
 
+import pytest
+
 from gpuwatch.sdnotify import Notifier
 
 
@@ -38,6 +40,7 @@ def test_without_notify_socket_nothing_happens_and_watchdog_follows_env():
     assert Notifier({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}).watchdog_seconds is None
 
 
+@pytest.mark.daemon
 def test_daemon_notifies_ready_status_watchdog_and_stopping_even_with_a_wedged_gpu(tmp_path):
     """READY after the first discovery; WATCHDOG keeps coming while an NVML call hangs (no restart loop)."""
     import fakenvml

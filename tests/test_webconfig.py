@@ -198,6 +198,7 @@ def example_with_test_certificates(pki: Path, directory: Path) -> Path:
     return write(directory, text, "example.yml")
 
 
+@pytest.mark.stack
 @needs_promtool
 def test_the_example_passes_promtool_and_loads(pki, tmp_path):
     path = example_with_test_certificates(pki, tmp_path)
@@ -240,6 +241,7 @@ basic_auth_users:
 """
 
 
+@pytest.mark.stack
 @needs_promtool
 def test_every_supported_key_passes_promtool_and_loads(pki):
     # relative file names are relative to the file's folder, as in the toolkit
@@ -297,6 +299,7 @@ INVALID = [
 ]
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("name,text,words,promtool_rejects", INVALID, ids=[case[0] for case in INVALID])
 def test_invalid_files_raise_a_config_error_naming_the_problem(pki, tmp_path, name, text, words, promtool_rejects):
     path = write(tmp_path, text.replace("{pki}", str(pki)))
@@ -542,6 +545,7 @@ def test_local_get_over_plain_http_and_to_nobody():
 WIRED = {"web_config_file", "web_max_requests", "check_username"} <= {o.field for o in configuration.OPTIONS}
 
 
+@pytest.mark.daemon
 @pytest.mark.skipif(not WIRED, reason="--web.config.file is not an option of gpuwatch.config yet")
 def test_the_daemon_serves_mtls_and_basic_auth_and_check_speaks_them(pki, tmp_path):
     import fakenvml

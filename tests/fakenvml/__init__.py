@@ -5,7 +5,9 @@ A subprocess started with :func:`env` (``LD_LIBRARY_PATH`` prepended) makes
 ``pynvml`` load it instead of the driver's library. What the fake reports is
 read from a small text *state file* (env ``FAKE_NVML_STATE``), which the test
 rewrites atomically with :meth:`FakeNode.write` while the subprocess runs: the
-library notices the new file within ~50 ms and always on ``nvmlInit``.
+library notices the new file within ~50 ms and always on ``nvmlInit``
+(``FAKE_NVML_RECHECK_MS`` sets that period; 0, as tests/inproc.py runs it: at
+the next call).
 ``LD_LIBRARY_PATH`` only takes effect when a process starts, so the fake
 can only be used from a *new* process.
 

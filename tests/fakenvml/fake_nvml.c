@@ -21,7 +21,10 @@
  *                     nvmlInitWithFlags and, while running, whenever its
  *                     mtime (ns) / size / inode changes; the file is stat()ed
  *                     at most every 50 ms (CLOCK_MONOTONIC), so tight loops
- *                     stay cheap. If the variable is unset or the file has
+ *                     stay cheap (FAKE_NVML_RECHECK_MS sets that period;
+ *                     0: every call stats it, so a process that rewrites
+ *                     the file sees the change on its next call: the
+ *                     in-process harness's child). If the variable is unset or the file has
  *                     never been readable, nvmlInitWithFlags returns
  *                     NVML_ERROR_DRIVER_NOT_LOADED (9). A file that becomes
  *                     unreadable later keeps the last good state.
@@ -616,6 +619,7 @@ static state_t *g_state;     /* current state, NULL until a file was parsed */
 static char *g_state_path;   /* FAKE_NVML_STATE */
 static int g_init_count;     /* nvmlInit refcount */
 static long long g_last_check_ns = -1;
+static long long g_recheck_ns = 50000000LL; /* FAKE_NVML_RECHECK_MS, read at each init */
 static struct {
     int valid;
     struct timespec mtim;
@@ -1110,7 +1114,7 @@ static int parse_state_file(const char *path, state_t *st)
 static void maybe_reload(int force)
 {
     long long now = mono_ns();
-    if (!force && g_last_check_ns >= 0 && now - g_last_check_ns < 50000000LL)
+    if (!force && g_last_check_ns >= 0 && now - g_last_check_ns < g_recheck_ns)
         return;
     g_last_check_ns = now;
     if (!g_state_path)
@@ -1378,6 +1382,8 @@ static nvmlReturn_t do_init(int sym)
 {
     count_call(sym);
     pthread_mutex_lock(&g_mu);
+    const char *recheck = getenv("FAKE_NVML_RECHECK_MS");
+    g_recheck_ns = (recheck && *recheck) ? atoll(recheck) * 1000000LL : 50000000LL;
     const char *p = getenv("FAKE_NVML_STATE");
     if (p && *p && (!g_state_path || strcmp(p, g_state_path) != 0)) {
         free(g_state_path);

@@ -1,4 +1,6 @@
-"""Public test helpers: sample builders, a scripted in-memory backend, exposition rendering.
+"""Public test helpers: sample builders, a scripted in-memory backend, exposition rendering, and the
+whole agent in-process on simulated time (``Harness``, gpuwatch/testing/harness.py) over any backend,
+one in a child process included (``ChildBackend``, gpuwatch/testing/child.py).
 
 Used by gpuwatch's own tests; usable by anyone writing rules or dashboards against gpuwatch.
 """
@@ -26,7 +28,8 @@ from gpuwatch.model import (
 )
 from gpuwatch.store import Store
 
-__all__ = ["FakeClock", "ScriptedBackend", "identity", "fast_sample", "slow_sample", "exposition"]
+__all__ = ["FakeClock", "ScriptedBackend", "identity", "fast_sample", "slow_sample", "exposition", "Harness",
+           "ChildBackend", "ForkServer", "load_config"]
 
 
 def identity(index: int = 0, **overrides: Any) -> GpuIdentity:
@@ -196,3 +199,7 @@ def replace(obj: Any, **changes: Any) -> Any:
         values.update(changes)
         return (groups.fast_sample if isinstance(obj, FastSample) else groups.slow_sample)(**values)
     return dataclasses.replace(obj, **changes)
+
+
+from gpuwatch.testing.child import ChildBackend, ForkServer  # noqa: E402  (after the helpers the harness builds on)
+from gpuwatch.testing.harness import Harness, load_config  # noqa: E402
