@@ -21,7 +21,7 @@ from daemon import isolated_env
 from gpuwatch.backends.recorder import Recorder
 from gpuwatch.backends.replay import ReplayBackend
 from gpuwatch.backends.simulated import Fault, SimulatedBackend
-from gpuwatch.backends.simulated.faults import parse_fault_spec
+from gpuwatch.backends.simulated.tour import parse_fault_spec
 from gpuwatch.clock import FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.model import FEATURES, DiscoveredGpu, DriverInfo, FastSample, SlowSample, XidEvent
