@@ -26,6 +26,7 @@ import psutil
 
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
+from gpuwatch.hostside.hostile import Malformed
 from gpuwatch.logs import get_logger
 
 _Cpu = tuple[float, float, float]  # user, system, iowait seconds
@@ -53,9 +54,11 @@ class JobsReader:
         self._errors = errors if errors is not None else []
         self._invisible_logged = False
         self._log = get_logger(component="jobs")
+        self._malformed = Malformed("jobs", self._errors)
 
     def read(self, found: Scan) -> tuple[JobUsage, ...]:
         now = self._monotonic()
+        self._malformed.flush()
         try:
             boot = psutil.boot_time()  # create_time() is boot time + start ticks: the key takes the ticks
         except Exception:
@@ -73,7 +76,7 @@ class JobsReader:
         return tuple(usages)
 
     def _one(self, cgroup: JobCgroup, job: _Job, now: float, boot: float) -> JobUsage | None:
-        pids, hidden = cgroup.pids()
+        pids, hidden = cgroup.pids(self._malformed)
         accounted_cpu, accounted_io = cgroup.accounting()
         current: dict[_Key, tuple[_Cpu, _Io]] = {}
         io_readable = True
