@@ -26,7 +26,8 @@ from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuState
 from gpuwatch.scontrol import ScontrolError
 
-_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^(,]*)*\(IDX:([0-9,\-]+)\)")
+# no ":" inside a field: "(?::[^(,]*)*" backtracked exponentially over "gpu::::…" (30 colons: a minute)
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^(,:]*)*\(IDX:([0-9,\-]+)\)")
 _MIG_TYPE = re.compile(r":\d+g\.\d+gb", re.IGNORECASE)  # gpu:1g.10gb:2(IDX:0-1): MIG devices, not GPUs
 _USER = re.compile(r"^([^()]*)\((\d+)\)$")
 
@@ -36,16 +37,13 @@ _MAX_INDEX = 1024  # GRES indices beyond this are not GPUs of one node
 _MAX_BRACKETS = 8  # bracket groups in one hostlist part ("rack[1-2]-n[01-40]" has 2)
 
 
+_PART = re.compile(r"(?:[^\[\],]|\[[^\[\]]*\])+")  # a hostlist part: text and whole "[...]" groups
+
+
 def _top_level(text: str) -> list[str]:
-    """The comma-separated parts of a hostlist, commas inside brackets kept."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p for p in parts if p]
+    """The comma-separated parts of a hostlist, commas inside brackets kept; a stray bracket separates
+    parts like a comma (an unclosed "[" used to swallow every part after it)."""
+    return _PART.findall(text)
 
 
 _MAX_HOST_NUMBER = 10**18  # a number in a host name: more digits are not a node of this cluster
@@ -227,7 +225,7 @@ def read_mapping_dir(directory: Path, report: Callable[[str, str], None] | None 
             if not entry.is_file():  # a FIFO would block the read
                 continue
             with open(entry, "rb") as f:
-                text = f.read(1 << 16).decode(errors="replace")
+                text = f.read(1 << 20).decode(errors="replace")  # 1 MiB: a job id per line
         except OSError:
             continue
         lines = [line.strip() for line in text.splitlines() if line.strip()]
