@@ -88,27 +88,32 @@ class JobCgroup:
                         report(str(path), f"{bad} entries that are no PID skipped")
         return found, hidden
 
-    def accounting(self) -> tuple[tuple[float, float] | None, tuple[int, int] | None]:
+    def accounting(self, report: Report | None = None,
+                   ) -> tuple[tuple[float, float] | None, tuple[int, int] | None]:
         """The cgroup's own totals, which count every process that ever ran in it (exited ones too,
         whatever PID namespace): (user, system) CPU seconds, (read, write) bytes of block I/O; None
-        where not readable (cgroup v2 ``cpu.stat``/``io.stat``; v1 ``cpuacct.stat``)."""
+        where not readable (cgroup v2 ``cpu.stat``/``io.stat``; v1 ``cpuacct.stat``). A value that is
+        no number (NaN, negative, garbage) is left out and ``report(file, reason)`` told."""
         cpu = io = None
         if "" in self.dirs:
-            stat = _keyed(_read(self.dirs[""] / "cpu.stat"))
+            stat = _keyed_file(self.dirs[""] / "cpu.stat", report)
             if "user_usec" in stat and "system_usec" in stat:
                 cpu = (stat["user_usec"] / 1e6, stat["system_usec"] / 1e6)
-            text = _read(self.dirs[""] / "io.stat")
+            path = self.dirs[""] / "io.stat"
+            text = _read(path)
             if text is not None:
                 read = write = 0
+                bad: list[str] = []
                 for line in text.splitlines():
-                    fields = _keyed(" ".join(line.split()[1:]), "=")
+                    fields = _keyed(" ".join(line.split()[1:]), "=", bad)
                     read += int(fields.get("rbytes", 0))
                     write += int(fields.get("wbytes", 0))
                 io = (min(read, MAX_BYTES), min(write, MAX_BYTES))
+                _tell(report, path, bad)
         for controller in ("cpu,cpuacct", "cpuacct"):
             directory = self.dirs.get(controller)
             if cpu is None and directory is not None:
-                stat = _keyed(_read(directory / "cpuacct.stat"))
+                stat = _keyed_file(directory / "cpuacct.stat", report)
                 if "user" in stat and "system" in stat:  # USER_HZ ticks
                     cpu = (stat["user"] / _TICK, stat["system"] / _TICK)
         return cpu, io
@@ -121,15 +126,18 @@ class JobCgroup:
                 return [self.dirs[controller]]
         return list(self.dirs.values())[:1]
 
-    def cpus(self) -> float | None:
-        """CPUs the job may use: its cpuset's size, or its CPU quota where that is smaller."""
+    def cpus(self, report: Report | None = None) -> float | None:
+        """CPUs the job may use: its cpuset's size, or its CPU quota where that is smaller. A CPU list
+        part or a quota that does not parse is left out and ``report(file, reason)`` told."""
         counts = []
         for controller, name in (("", "cpuset.cpus.effective"), ("", "cpuset.cpus"), ("cpuset", "cpuset.cpus"),
                                  ("cpuset", "cpuset.effective_cpus")):
             directory = self.dirs.get(controller)
             text = _read(directory / name) if directory is not None else None
-            if text:
-                count = count_cpu_list(text)
+            if text and directory is not None:
+                bad: list[str] = []
+                count = count_cpu_list(text, bad)
+                _tell(report, directory / name, bad)
                 if count > 0:
                     counts.append(float(count))
                 break
@@ -140,6 +148,9 @@ class JobCgroup:
                 parts = text.split()
                 if len(parts) == 2 and parts[0] != "max":
                     quota = _ratio(parts[0], parts[1])
+                if len(parts) != 2 or finite(parts[1], float(MAX_BYTES)) is None or (parts[0] != "max"
+                                                                                      and quota is None):
+                    _tell(report, self.dirs[""] / "cpu.max", [text])
         for controller in ("cpu,cpuacct", "cpu"):
             directory = self.dirs.get(controller)
             if directory is not None and quota is None:
@@ -173,8 +184,8 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _keyed(text: str | None, sep: str = " ") -> dict[str, float]:
-    """"key value" lines (or "k=v" words) -> numbers; what does not parse is left out."""
+def _keyed(text: str | None, sep: str = " ", bad: list[str] | None = None) -> dict[str, float]:
+    """"key value" lines (or "k=v" words) -> numbers; what does not parse is left out (and added to ``bad``)."""
     found: dict[str, float] = {}
     if not text:
         return found
@@ -184,7 +195,21 @@ def _keyed(text: str | None, sep: str = " ") -> dict[str, float]:
         number = finite(value.strip(), float(MAX_BYTES))  # NaN, infinities, negatives, absurd: left out
         if number is not None:
             found[key.strip()] = number
+        elif bad is not None and item.strip():
+            bad.append(item)
     return found
+
+
+def _keyed_file(path: Path, report: Report | None) -> dict[str, float]:
+    bad: list[str] = []
+    found = _keyed(_read(path), bad=bad)
+    _tell(report, path, bad)
+    return found
+
+
+def _tell(report: Report | None, path: Path, bad: list[str]) -> None:
+    if bad and report is not None:
+        report(str(path), f"{len(bad)} malformed part(s) skipped, the first: {shown(bad[0])}")
 
 
 def _ratio(a: str, b: str) -> float | None:
@@ -195,18 +220,20 @@ def _ratio(a: str, b: str) -> float | None:
     return ratio if math.isfinite(ratio) else None
 
 
-def count_cpu_list(text: str) -> int:
+def count_cpu_list(text: str, bad: list[str] | None = None) -> int:
     """CPUs in a kernel CPU list, e.g. "0-15,32-47" -> 32 (malformed parts count nothing; CPU numbers
-    beyond what a kernel can have are malformed; a CPU named twice counts once at most MAX_CPUS)."""
+    beyond what a kernel can have are malformed, and so is a range that runs backwards; at most MAX_CPUS)."""
     total = 0
     for part in text.strip().split(","):
         lo_text, sep, hi_text = part.strip().partition("-")
         lo, hi = natural(lo_text, MAX_CPUS), natural(hi_text, MAX_CPUS) if sep else None
-        if lo is None or (sep and hi is None):
+        if lo is None or (sep and hi is None) or (hi is not None and hi < lo):
+            if bad is not None and part.strip():
+                bad.append(part)
             continue
         if hi is None:
             total += 1
-        elif hi >= lo:
+        else:
             total += hi - lo + 1
     return min(total, MAX_CPUS)
 

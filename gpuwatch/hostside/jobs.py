@@ -77,7 +77,7 @@ class JobsReader:
 
     def _one(self, cgroup: JobCgroup, job: _Job, now: float, boot: float) -> JobUsage | None:
         pids, hidden = cgroup.pids(self._malformed)
-        accounted_cpu, accounted_io = cgroup.accounting()
+        accounted_cpu, accounted_io = cgroup.accounting(self._malformed)
         current: dict[_Key, tuple[_Cpu, _Io]] = {}
         io_readable = True
         for pid in sorted(pids):
@@ -108,7 +108,7 @@ class JobsReader:
         psutil_cpu = [job.retired[i] + sum(times[i] for times, _ in current.values()) for i in range(3)]
         user, system = accounted_cpu if accounted_cpu is not None else (psutil_cpu[0], psutil_cpu[1])
         iowait: float | None = psutil_cpu[2] if (current or job.retired[2]) else None
-        cpus = cgroup.cpus() or self._node_cpus
+        cpus = cgroup.cpus(self._malformed) or self._node_cpus
         busy = wait_share = None
         if job.last is not None and now > job.last[0]:
             elapsed = now - job.last[0]
