@@ -499,3 +499,17 @@ def test_accept_header_picks_a_known_content_type(accept):
     from gpuwatch.exporter import Exposition
 
     assert Exposition.content_type(accept).startswith(("text/plain", "application/openmetrics-text"))
+
+
+# -- the configuration's values ------------------------------------------------------------------------------
+
+@FAST
+@given(st.data(), st.one_of(NUMBERS, st.text(max_size=80).filter(lambda s: "\x00" not in s), LONG))
+def test_every_option_takes_any_text_as_a_value_or_a_config_error(data, value):
+    from gpuwatch import config
+
+    option = data.draw(st.sampled_from([o for o in config.ALL_OPTIONS if o.field != "config"]))
+    try:
+        config.load(environ={option.env: value})
+    except ConfigError as exc:
+        assert len(str(exc)) < 200_000
