@@ -513,3 +513,34 @@ def test_every_option_takes_any_text_as_a_value_or_a_config_error(data, value):
         config.load(environ={option.env: value})
     except ConfigError as exc:
         assert len(str(exc)) < 200_000
+
+
+# -- /proc for the jobs group --------------------------------------------------------------------------------
+
+STAT_FIELDS = st.lists(st.one_of(NUMBERS, st.integers(-10, 10**6).map(str)), max_size=50)
+
+
+@FEW
+@given(st.one_of(STAT_FIELDS.map(lambda f: "101 (x) S " + " ".join(f)), st.binary(max_size=200).map(
+    lambda b: b.decode(errors="replace")), st.just("")), st.one_of(SINGLE, NUMBERS.map("read_bytes: {}\n".format)))
+def test_a_process_with_a_hostile_proc_stat_costs_only_itself(stat, io):
+    from fakehost import slurm_v2_job
+
+    from gpuwatch.hostside.jobs import JobsReader
+
+    errors: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, root = Path(tmp) / "proc", Path(tmp) / "cgroup"
+        proc_stat(proc)
+        fake_process(proc, 100, user=2.0, system=1.0)
+        fake_process(proc, 101)
+        (proc / "101" / "stat").write_text(stat)
+        (proc / "101" / "io").write_text(io)
+        slurm_v2_job(root, 42, [100, 101])
+        clock = FakeClock()
+        usage = JobsReader(str(proc), clock.monotonic, 8.0, errors).read(cgroups.scan(root))
+    assert [u.job_id for u in usage] == ["42"]
+    user, system, iowait = usage[0].cpu_seconds
+    assert user >= 2.0 and system >= 1.0
+    assert all(math.isfinite(v) and v >= 0 for v in (user, system, iowait or 0.0))
+    assert set(errors) <= {("jobs", "malformed_input")}

@@ -19,6 +19,7 @@ reading: absent, not 0, counted as ``processes_not_visible`` and logged once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -81,7 +82,7 @@ class JobsReader:
         current: dict[_Key, tuple[_Cpu, _Io]] = {}
         io_readable = True
         for pid in sorted(pids):
-            read_one = _process(pid)
+            read_one = _process(pid, self._malformed)
             if read_one is None:
                 continue
             start, times, io = read_one
@@ -150,8 +151,13 @@ class JobsReader:
             job.retired_io[1] -= io[1]
 
 
-def _process(pid: int) -> tuple[float, _Cpu, _Io] | None:
-    """(start time, CPU seconds, I/O bytes) of one process; None if it is gone or cannot be read at all."""
+_MAX_SECONDS = 2.0**64 / 100  # CPU seconds of one process: the kernel's u64 ticks at USER_HZ 100
+
+
+def _process(pid: int, report: Callable[[str, str], None] | None = None) -> tuple[float, _Cpu, _Io] | None:
+    """(start time, CPU seconds, I/O bytes) of one process; None if it is gone or cannot be read at all.
+    A /proc/PID/stat that does not parse (truncated: psutil's IndexError; huge, negative or NaN times)
+    is the process skipped and ``report`` told; the job's other processes are read."""
     try:
         process = psutil.Process(pid)
         with process.oneshot():
@@ -163,7 +169,18 @@ def _process(pid: int) -> tuple[float, _Cpu, _Io] | None:
                 io = (int(counters.read_bytes), int(counters.write_bytes))
             except (psutil.AccessDenied, AttributeError, NotImplementedError, RuntimeError):
                 io = None  # RuntimeError: an empty /proc/PID/io (psutil's word for a kernel without the accounting)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ValueError, OSError, RuntimeError):
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError, RuntimeError):
+        return None
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        if report is not None:
+            report(f"{psutil.PROCFS_PATH}/{pid}/stat", f"psutil cannot parse it: {type(exc).__name__}")
         return None
     iowait = float(getattr(times, "iowait", 0.0) or 0.0)
-    return start, (float(times.user), float(times.system), iowait), io
+    cpu = (float(times.user), float(times.system), iowait)
+    if not all(0 <= v <= _MAX_SECONDS for v in cpu) or not math.isfinite(start):  # NaN fails the range too
+        if report is not None:
+            report(f"{psutil.PROCFS_PATH}/{pid}/stat", "CPU times that are negative, NaN or beyond a u64")
+        return None
+    if io is not None and not all(0 <= v <= 2**64 - 1 for v in io):
+        io = None
+    return start, cpu, io
