@@ -544,3 +544,43 @@ def test_a_process_with_a_hostile_proc_stat_costs_only_itself(stat, io):
     assert user >= 2.0 and system >= 1.0
     assert all(math.isfinite(v) and v >= 0 for v in (user, system, iowait or 0.0))
     assert set(errors) <= {("jobs", "malformed_input")}
+
+
+@pytest.fixture(scope="module")
+def http_node():
+    from gpuwatch.store import Store
+    from gpuwatch.testing import ScriptedBackend, registry_for
+    from gpuwatch.web import App, HttpServers
+
+    clock = FakeClock()
+    store = Store(clock, ScriptedBackend(1).name)
+    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", lambda tier: 6.0)
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    yield servers.servers[0].server_address[:2]
+    servers.close()
+
+
+def _ask(address, raw: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(address, timeout=5) as conn:
+        conn.sendall(raw)
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+@FEW
+@given(st.one_of(st.binary(max_size=300).filter(lambda b: b"\n" not in b),
+                 st.builds(lambda m, p: m + b" " + p + b" HTTP/1.1", st.binary(min_size=1, max_size=20).filter(
+                     lambda b: not any(c in b for c in b" \r\n")), st.binary(min_size=1, max_size=200).filter(
+                     lambda b: not any(c in b for c in b" \r\n"))),
+                 st.builds(lambda h: b"GET /metrics HTTP/1.1\r\n" + h, st.binary(max_size=300).filter(
+                     lambda b: b"\r\n\r\n" not in b and b"\n\n" not in b and b"ength" not in b.lower()))))
+def test_any_request_gets_an_http_answer_and_the_server_goes_on(http_node, request_bytes):
+    answer = _ask(http_node, request_bytes + b"\r\n\r\n")
+    assert answer == b"" or re.match(rb"HTTP/1\.[01] [1-5][0-9][0-9] ", answer), answer[:80]
+    assert _ask(http_node, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.")
