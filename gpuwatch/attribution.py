@@ -29,7 +29,7 @@ _SLURM_JOB = re.compile(r"/job_([0-9]{1,20})(?=/|$)")
 _MAX_READ = 1 << 16  # bytes of /proc/PID/cgroup or status read: a few lines
 # a pod UID in a cgroup path: dashes (cgroupfs driver) or underscores (systemd driver)
 POD_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-_K8S_POD = re.compile(rf"kubepods.*?pod({POD_UID})")
+_K8S_POD = re.compile(rf"pod({POD_UID})")  # after "kubepods" (searched from there: "kubepods.*?pod" was quadratic)
 _CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|containerd)-([0-9a-f]{64})\.scope|/([0-9a-f]{64})(?=/|$)")
 _UNIT = re.compile(r"/([^/]+\.(?:service|scope))(?=/|$)")
 
@@ -57,7 +57,8 @@ def parse_cgroup(text: str) -> tuple[str, str, str]:
         if match:
             return "slurm", match.group(1), ""
     for path in paths:
-        match = _K8S_POD.search(path)
+        start = path.find("kubepods")
+        match = _K8S_POD.search(path, start + len("kubepods")) if start >= 0 else None
         if match:
             container = _CONTAINER.search(path)
             cid = (container.group(1) or container.group(2)) if container else ""

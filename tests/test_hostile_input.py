@@ -310,6 +310,14 @@ def test_proc_cgroup_of_random_text(text):
     assert scheduler != "slurm" or (job.isascii() and job.isdigit())
 
 
+def test_proc_cgroup_of_many_kubepods_levels_is_quick():
+    started = time.perf_counter()
+    assert parse_cgroup(("0::/" + "kubepods/" * 455 + "\n") * 13)[0] == "none"
+    uid = "0123abcd-0123-4567-89ab-0123456789ab"
+    assert parse_cgroup("0::/kubepods/" + "kubepods/" * 400 + f"pod{uid}/x\n")[:2] == ("kubernetes", uid)
+    assert time.perf_counter() - started < 0.1
+
+
 @FEW
 @given(st.binary(max_size=200), st.one_of(NUMBERS, SINGLE))
 def test_attribution_of_a_process_with_hostile_proc_files(cgroup, uid):
