@@ -592,3 +592,32 @@ def test_any_request_gets_an_http_answer_and_the_server_goes_on(http_node, reque
     answer = _ask(http_node, request_bytes + b"\r\n\r\n")
     assert answer == b"" or re.match(rb"HTTP/1\.[01] [1-5][0-9][0-9] ", answer), answer[:80]
     assert _ask(http_node, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.")
+
+
+YAML_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(), st.text(max_size=30), NUMBERS),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.one_of(st.sampled_from(
+                                ["poll", "interval", "tls_server_config", "cert_file", "basic_auth_users", "headers",
+                                 "http_server_config", "http2", "log", "level", "rules", "collector", "slurm",
+                                 "Strict-Transport-Security", "client_auth_type", "min_version"]),
+                                st.text(max_size=10), st.integers()), inner, max_size=4)),
+    max_leaves=20)
+
+
+@FAST
+@given(YAML_VALUES)
+def test_config_documents_of_any_shape_are_a_config_or_a_config_error(data):
+    import yaml
+
+    from gpuwatch import config
+    from gpuwatch.web import config as web_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "c.yml"
+        path.write_text(yaml.safe_dump(data))
+        for load in (lambda p: config.load(environ={"GPUWATCH_CONFIG": str(p)}), web_config.load):
+            try:
+                load(path)
+            except ConfigError:
+                pass
