@@ -25,10 +25,11 @@ from pathlib import Path
 
 from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo
 
-_SLURM_JOB = re.compile(r"/job_(\d+)(?=/|$)")
+_SLURM_JOB = re.compile(r"/job_([0-9]{1,20})(?=/|$)")
+_MAX_READ = 1 << 16  # bytes of /proc/PID/cgroup or status read: a few lines
 # a pod UID in a cgroup path: dashes (cgroupfs driver) or underscores (systemd driver)
 POD_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
-_K8S_POD = re.compile(rf"kubepods.*?pod({POD_UID})")
+_K8S_POD = re.compile(rf"pod({POD_UID})")  # after "kubepods" (searched from there: "kubepods.*?pod" was quadratic)
 _CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|containerd)-([0-9a-f]{64})\.scope|/([0-9a-f]{64})(?=/|$)")
 _UNIT = re.compile(r"/([^/]+\.(?:service|scope))(?=/|$)")
 
@@ -43,6 +44,11 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
+def _small(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.read(_MAX_READ).decode(errors="replace")
+
+
 def parse_cgroup(text: str) -> tuple[str, str, str]:
     """(scheduler, job_id, container) from the content of /proc/PID/cgroup."""
     paths = [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
@@ -51,7 +57,8 @@ def parse_cgroup(text: str) -> tuple[str, str, str]:
         if match:
             return "slurm", match.group(1), ""
     for path in paths:
-        match = _K8S_POD.search(path)
+        start = path.find("kubepods")
+        match = _K8S_POD.search(path, start + len("kubepods")) if start >= 0 else None
         if match:
             container = _CONTAINER.search(path)
             cid = (container.group(1) or container.group(2)) if container else ""
@@ -73,9 +80,8 @@ class Attributor:
 
     def _one(self, process: GpuProcess) -> ProcessInfo:
         base = self._proc / str(process.pid)
-        try:
-            cgroup = (base / "cgroup").read_text()
-            status = (base / "status").read_text()
+        try:  # bytes that are not UTF-8 (a cgroup directory a user named so) are characters, not an exception
+            cgroup, status = _small(base / "cgroup"), _small(base / "status")
         except OSError:  # another PID namespace, exited, or hidden (ProtectProc=invisible)
             return ProcessInfo(process.pid, process.used_memory_bytes, "", "unknown", "",
                                gpu_instance=process.gpu_instance)
@@ -84,7 +90,8 @@ class Attributor:
         for line in status.splitlines():
             if line.startswith("Uid:"):
                 fields = line.split()
-                if len(fields) > 1 and fields[1].isdigit():
+                # ASCII digits of a 32-bit uid only: "²" is isdigit() but no int(), 5000 digits raise
+                if len(fields) > 1 and fields[1].isascii() and fields[1].isdigit() and len(fields[1]) <= 10:
                     user = self._user_name(int(fields[1]))
                 break
         return ProcessInfo(process.pid, process.used_memory_bytes, user, scheduler, job_id, container,

@@ -138,8 +138,7 @@ class NodeState:
 
 
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
-_REASON = re.compile(r"^\s*Reason=(.*?)\s*$", re.MULTILINE)
-_REASON_STAMP = re.compile(r"\s*\[[^\[\]]*@[^\[\]]*\]$")
+_REASON_STAMP = re.compile(r"\[[^\[\]]*@[^\[\]]*\]$")
 
 
 def parse_show_node(text: str) -> NodeState:
@@ -147,8 +146,11 @@ def parse_show_node(text: str) -> NodeState:
     state = _STATE.search(text)
     if state is None:
         raise ValueError("no State= in the output of scontrol show node")
-    reason = _REASON.search(text)
-    value = "" if reason is None else _REASON_STAMP.sub("", reason.group(1)).strip()
+    # line by line, no regex over the whole text: a long run of spaces made "^\s*Reason=(.*?)\s*$" quadratic
+    line = next((s.strip() for s in text.splitlines() if s.lstrip().startswith("Reason=")), "")
+    value = line[len("Reason="):].rstrip()
+    stamp = _REASON_STAMP.search(value)
+    value = (value[:stamp.start()] if stamp else value).strip()
     if value in ("(null)", "none", "None"):
         value = ""
     return NodeState(state.group(1), value)

@@ -7,7 +7,9 @@ file, says where (line and column) and what to do; it never ends in a traceback:
 - it is not UTF-8 (a latin-1 ``°`` in a comment): the first bad byte and where it is;
 - it is not YAML, or nests deeper than any configuration needs: where the parser gave up;
 - a key is given twice in one mapping (YAML would keep the last silently; exporter-toolkit's
-  strict YAML refuses it, and so does gpuwatch).
+  strict YAML refuses it, and so does gpuwatch);
+- it holds more than 100,000 values once its aliases are expanded (a "billion laughs" of aliases
+  to aliases: everything that walks, prints or validates the document would take hours).
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ def _not_utf8(raw: bytes, exc: UnicodeDecodeError) -> str:
             f"(save the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`)")
 
 
+MAX_VALUES = 100_000  # a configuration has a few hundred at most
+
+
+def _check_size(document: Any, where: str) -> None:
+    """ConfigError when the document, its aliases expanded, holds more than MAX_VALUES values; the walk
+    stops there, so an alias bomb costs MAX_VALUES steps, not its expansion."""
+    stack, seen = [document], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise ConfigError(f"{where} holds more than {MAX_VALUES} values once its aliases are expanded: "
+                              "no configuration needs that (aliases that repeat aliases?)")
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            stack.extend(value)
+
+
 def parse_yaml(raw: bytes | str, where: str) -> Any:
     """The YAML document in ``raw``; ConfigError starting with ``where`` (e.g. "config file X") if it is not."""
     if isinstance(raw, bytes):
@@ -59,13 +81,15 @@ def parse_yaml(raw: bytes | str, where: str) -> Any:
     else:
         text = raw
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        document = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"{where} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
     except RecursionError:
         raise ConfigError(f"{where} nests too deeply to be a configuration file") from None
+    _check_size(document, where)
+    return document
 
 
 def read_yaml(path: str | os.PathLike[str], what: str) -> Any:

@@ -77,7 +77,7 @@ class KubeletPods:
                 complete = False
                 if d.device_id not in self._unknown_logged and len(self._unknown_logged) < 64:
                     self._unknown_logged.add(d.device_id)
-                    self._log.warning("kubelet_device_unknown", device_id=d.device_id, resource=d.resource,
+                    self._log.warning("kubelet_device_unknown", device_id=d.device_id[:200], resource=d.resource[:200],
                                       hint="a device the kubelet allocated names no GPU gpuwatch knows (a MIG "
                                            "device with --no-collector.mig?): GPUs without a pod read as unknown")
         return tuple(dict.fromkeys(found)), complete

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwatch.attribution import POD_UID
+from gpuwatch.hostside.hostile import Report, finite, natural, shown
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN: char 195:N; 255 is /dev/nvidiactl, 254 /dev/nvidia-modeset
 _GPU_MINORS = range(0, 254)
@@ -31,8 +32,8 @@ _SLURM_V1 = ("*/slurm*/uid_*/job_*",)
 _PODS = ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice",
          "kubepods/pod*", "kubepods/*/pod*")
 _POD_UID = re.compile(rf"pod({POD_UID})(?:\.slice)?$")
-_JOB = re.compile(r"job_(\d+)$")
-_UID = re.compile(r"uid_(\d+)$")
+_JOB = re.compile(r"job_([0-9]{1,20})$", re.ASCII)  # a Slurm job id is a 32-bit number; more is not a job
+_UID = re.compile(r"uid_([0-9]+)$", re.ASCII)
 
 
 @dataclass
@@ -44,16 +45,24 @@ class JobCgroup:
     uid: int | None = None  # from Slurm's v1 uid_<uid> level
     dirs: dict[str, Path] = field(default_factory=dict)  # controller ("" on v2) -> directory
 
-    def devices(self) -> tuple[int, ...] | None:
+    def devices(self, report: Report | None = None) -> tuple[int, ...] | None:
         """GPU minor numbers cgroup v1's devices controller lets the job open; None where it cannot
-        tell (no devices controller, unreadable, or every device allowed)."""
+        tell (no devices controller, unreadable, or every device allowed). Malformed lines are
+        skipped, the valid ones kept, and ``report(file, reason)`` told once for the file."""
         directory = self.dirs.get("devices")
         if directory is None:
             return None
-        text = _read(directory / "devices.list")
-        return None if text is None else parse_devices_list(text)
+        path = directory / "devices.list"
+        text = _read(path)
+        if text is None:
+            return None
+        bad: list[str] = []
+        minors = parse_devices_list(text, bad)
+        if bad and report is not None:
+            report(str(path), f"{len(bad)} malformed line(s) skipped, the first: {shown(bad[0])}")
+        return minors
 
-    def pids(self) -> tuple[set[int], int]:
+    def pids(self, report: Report | None = None) -> tuple[set[int], int]:
         """Every process of the job: cgroup.procs of its directory and all below (the steps, the tasks),
         and how many entries read as 0 — processes outside gpuwatch's PID namespace (a container
         without the host's PID namespace), which the kernel cannot name."""
@@ -64,36 +73,47 @@ class JobCgroup:
                 if walked > _MAX_DIRS:  # a runaway tree: what was read is what there is
                     break
                 if "cgroup.procs" in files:
-                    text = _read(Path(base, "cgroup.procs")) or ""
+                    path = Path(base, "cgroup.procs")
+                    text = _read(path) or ""
+                    bad = 0
                     for line in text.split():
-                        if line.isascii() and line.isdigit():
-                            if int(line) == 0:
-                                hidden += 1
-                            else:
-                                found.add(int(line))
+                        pid = natural(line, MAX_PID)
+                        if pid is None:
+                            bad += 1
+                        elif pid == 0:
+                            hidden += 1
+                        else:
+                            found.add(pid)
+                    if bad and report is not None:
+                        report(str(path), f"{bad} entries that are no PID skipped")
         return found, hidden
 
-    def accounting(self) -> tuple[tuple[float, float] | None, tuple[int, int] | None]:
+    def accounting(self, report: Report | None = None,
+                   ) -> tuple[tuple[float, float] | None, tuple[int, int] | None]:
         """The cgroup's own totals, which count every process that ever ran in it (exited ones too,
         whatever PID namespace): (user, system) CPU seconds, (read, write) bytes of block I/O; None
-        where not readable (cgroup v2 ``cpu.stat``/``io.stat``; v1 ``cpuacct.stat``)."""
+        where not readable (cgroup v2 ``cpu.stat``/``io.stat``; v1 ``cpuacct.stat``). A value that is
+        no number (NaN, negative, garbage) is left out and ``report(file, reason)`` told."""
         cpu = io = None
         if "" in self.dirs:
-            stat = _keyed(_read(self.dirs[""] / "cpu.stat"))
+            stat = _keyed_file(self.dirs[""] / "cpu.stat", report)
             if "user_usec" in stat and "system_usec" in stat:
                 cpu = (stat["user_usec"] / 1e6, stat["system_usec"] / 1e6)
-            text = _read(self.dirs[""] / "io.stat")
+            path = self.dirs[""] / "io.stat"
+            text = _read(path)
             if text is not None:
                 read = write = 0
+                bad: list[str] = []
                 for line in text.splitlines():
-                    fields = _keyed(" ".join(line.split()[1:]), "=")
+                    fields = _keyed(" ".join(line.split()[1:]), "=", bad)
                     read += int(fields.get("rbytes", 0))
                     write += int(fields.get("wbytes", 0))
-                io = (read, write)
+                io = (min(read, MAX_BYTES), min(write, MAX_BYTES))
+                _tell(report, path, bad)
         for controller in ("cpu,cpuacct", "cpuacct"):
             directory = self.dirs.get(controller)
             if cpu is None and directory is not None:
-                stat = _keyed(_read(directory / "cpuacct.stat"))
+                stat = _keyed_file(directory / "cpuacct.stat", report)
                 if "user" in stat and "system" in stat:  # USER_HZ ticks
                     cpu = (stat["user"] / _TICK, stat["system"] / _TICK)
         return cpu, io
@@ -106,16 +126,20 @@ class JobCgroup:
                 return [self.dirs[controller]]
         return list(self.dirs.values())[:1]
 
-    def cpus(self) -> float | None:
-        """CPUs the job may use: its cpuset's size, or its CPU quota where that is smaller."""
+    def cpus(self, report: Report | None = None) -> float | None:
+        """CPUs the job may use: its cpuset's size, or its CPU quota where that is smaller. A CPU list
+        part or a quota that does not parse is left out and ``report(file, reason)`` told."""
         counts = []
         for controller, name in (("", "cpuset.cpus.effective"), ("", "cpuset.cpus"), ("cpuset", "cpuset.cpus"),
                                  ("cpuset", "cpuset.effective_cpus")):
             directory = self.dirs.get(controller)
             text = _read(directory / name) if directory is not None else None
-            if text:
-                if count_cpu_list(text) > 0:
-                    counts.append(float(count_cpu_list(text)))
+            if text and directory is not None:
+                bad: list[str] = []
+                count = count_cpu_list(text, bad)
+                _tell(report, directory / name, bad)
+                if count > 0:
+                    counts.append(float(count))
                 break
         quota = None
         if "" in self.dirs:
@@ -124,6 +148,9 @@ class JobCgroup:
                 parts = text.split()
                 if len(parts) == 2 and parts[0] != "max":
                     quota = _ratio(parts[0], parts[1])
+                if len(parts) != 2 or finite(parts[1], float(MAX_BYTES)) is None or (parts[0] != "max"
+                                                                                      and quota is None):
+                    _tell(report, self.dirs[""] / "cpu.max", [text])
         for controller in ("cpu,cpuacct", "cpu"):
             directory = self.dirs.get(controller)
             if directory is not None and quota is None:
@@ -136,6 +163,12 @@ class JobCgroup:
 
 
 _MAX_DIRS = 10_000  # directories walked per job at most
+MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT: a larger number in cgroup.procs is not a PID
+MAX_CPUS = 1 << 16  # CPUs a kernel CPU list can name (NR_CPUS is 8192 at most today)
+MAX_MINOR = (1 << 20) - 1  # the kernel's MINORBITS
+MAX_MAJOR = (1 << 12) - 1
+MAX_BYTES = 2**64 - 1  # block I/O bytes, CPU microseconds: the kernel's u64 counters
+MAX_ID = 2**64 - 1  # a Slurm job id or a uid in a directory name
 _TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
@@ -151,65 +184,104 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _keyed(text: str | None, sep: str = " ") -> dict[str, float]:
-    """"key value" lines (or "k=v" words) -> numbers; what does not parse is left out."""
+def _keyed(text: str | None, sep: str = " ", bad: list[str] | None = None) -> dict[str, float]:
+    """"key value" lines (or "k=v" words) -> numbers; what does not parse is left out (and added to ``bad``)."""
     found: dict[str, float] = {}
     if not text:
         return found
     items = text.split() if sep == "=" else text.splitlines()
     for item in items:
         key, _, value = item.strip().partition(sep)
-        try:
-            number = float(value.strip())
-        except ValueError:
-            continue
-        if math.isfinite(number) and number >= 0:
+        number = finite(value.strip(), float(MAX_BYTES))  # NaN, infinities, negatives, absurd: left out
+        if number is not None:
             found[key.strip()] = number
+        elif bad is not None and item.strip():
+            bad.append(item)
     return found
 
 
+def _keyed_file(path: Path, report: Report | None) -> dict[str, float]:
+    bad: list[str] = []
+    found = _keyed(_read(path), bad=bad)
+    _tell(report, path, bad)
+    return found
+
+
+def _tell(report: Report | None, path: Path, bad: list[str]) -> None:
+    if bad and report is not None:
+        report(str(path), f"{len(bad)} malformed part(s) skipped, the first: {shown(bad[0])}")
+
+
 def _ratio(a: str, b: str) -> float | None:
-    try:
-        quota, period = float(a), float(b)
-    except ValueError:
+    quota, period = finite(a.strip(), float(MAX_BYTES)), finite(b.strip(), float(MAX_BYTES))
+    if quota is None or period is None or period <= 0:
         return None
-    ratio = quota / period if period > 0 else None
-    return ratio if ratio is not None and math.isfinite(ratio) else None
+    ratio = quota / period
+    return ratio if math.isfinite(ratio) else None
 
 
-def count_cpu_list(text: str) -> int:
-    """CPUs in a kernel CPU list, e.g. "0-15,32-47" -> 32 (malformed parts count nothing)."""
+def count_cpu_list(text: str, bad: list[str] | None = None) -> int:
+    """CPUs in a kernel CPU list, e.g. "0-15,32-47" -> 32 (malformed parts count nothing; CPU numbers
+    beyond what a kernel can have are malformed, and so is a range that runs backwards; at most MAX_CPUS)."""
     total = 0
     for part in text.strip().split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
+        lo_text, sep, hi_text = part.strip().partition("-")
+        lo, hi = natural(lo_text, MAX_CPUS), natural(hi_text, MAX_CPUS) if sep else None
+        if lo is None or (sep and hi is None) or (hi is not None and hi < lo):
+            if bad is not None and part.strip():
+                bad.append(part)
             continue
-        if not sep:
+        if hi is None:
             total += 1
-        elif int(hi) >= int(lo):
-            total += int(hi) - int(lo) + 1
-    return total
+        else:
+            total += hi - lo + 1
+    return min(total, MAX_CPUS)
 
 
-def parse_devices_list(text: str) -> tuple[int, ...] | None:
+_ACCESS = frozenset("rwm")
+
+
+def parse_devices_list(text: str, bad: list[str] | None = None) -> tuple[int, ...] | None:
     """The GPU minor numbers a cgroup v1 ``devices.list`` allows (``c 195:N rwm``); None when it
-    allows every device (``a *:* rwm``, the unconstrained default) or every NVIDIA minor (``c 195:*``)."""
-    minors = set()
+    allows every device (``a *:* rwm``, the unconstrained default) or every NVIDIA minor (``c 195:*``).
+
+    A line is ``<a|b|c> <major|*>:<minor|*> <access: r, w, m>``; one that is not (garbage, binary,
+    a number beyond the kernel's major/minor range) is skipped and appended to ``bad``; every valid
+    line around it still counts."""
+    minors: set[int] = set()
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) < 2:
+        if not parts:
             continue
-        kind, numbers = parts[0], parts[1]
+        entry = _device_entry(parts)
+        if entry is None:
+            if bad is not None:
+                bad.append(line)
+            continue
+        kind, major, minor = entry
         if kind == "a":
             return None
-        major, _, minor = numbers.partition(":")
-        if kind != "c" or major not in (str(NVIDIA_MAJOR), "*"):
+        if kind != "c" or major not in (NVIDIA_MAJOR, "*"):
             continue
         if minor == "*":
             return None
-        if minor.isascii() and minor.isdigit() and int(minor) in _GPU_MINORS:
-            minors.add(int(minor))
+        if isinstance(minor, int) and minor in _GPU_MINORS:
+            minors.add(minor)
     return tuple(sorted(minors))
+
+
+def _device_entry(parts: list[str]) -> tuple[str, int | str, int | str] | None:
+    """(kind, major, minor) of one devices.list line's words ("*" stays "*"); None when malformed."""
+    if len(parts) != 3 or parts[0] not in ("a", "b", "c") or not parts[2] or not set(parts[2]) <= _ACCESS:
+        return None
+    major_text, sep, minor_text = parts[1].partition(":")
+    if not sep:
+        return None
+    major = "*" if major_text == "*" else natural(major_text, MAX_MAJOR)
+    minor = "*" if minor_text == "*" else natural(minor_text, MAX_MINOR)
+    if major is None or minor is None:
+        return None
+    return parts[0], major, minor
 
 
 @dataclass
@@ -236,7 +308,7 @@ def scan(root: Path) -> Scan:
                 job = jobs.setdefault(("slurm", match.group(1)), JobCgroup("slurm", match.group(1)))
                 job.dirs[path.relative_to(root).parts[0]] = path
                 if uid:
-                    job.uid = int(uid.group(1))
+                    job.uid = natural(uid.group(1), MAX_ID)
     slurm = slurm or any(root.glob("*/slurm*/uid_*")) or any(root.glob("devices/slurm*"))
     for prefix in ("", "*/"):
         for pattern in _PODS:
@@ -246,5 +318,5 @@ def scan(root: Path) -> Scan:
                     pod_uid = pod.group(1).replace("_", "-")
                     controller = path.relative_to(root).parts[0] if prefix else ""
                     jobs.setdefault(("kubernetes", pod_uid), JobCgroup("kubernetes", pod_uid)).dirs[controller] = path
-    ordered = sorted(jobs.values(), key=lambda j: (j.scheduler, int(j.job_id) if j.job_id.isdigit() else 0, j.job_id))
+    ordered = sorted(jobs.values(), key=lambda j: (j.scheduler, natural(j.job_id, MAX_ID) or 0, j.job_id))
     return Scan(ordered, slurm)

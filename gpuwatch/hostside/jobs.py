@@ -19,6 +19,7 @@ reading: absent, not 0, counted as ``processes_not_visible`` and logged once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ import psutil
 
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
+from gpuwatch.hostside.hostile import Malformed
 from gpuwatch.logs import get_logger
 
 _Cpu = tuple[float, float, float]  # user, system, iowait seconds
@@ -53,9 +55,11 @@ class JobsReader:
         self._errors = errors if errors is not None else []
         self._invisible_logged = False
         self._log = get_logger(component="jobs")
+        self._malformed = Malformed("jobs", self._errors)
 
     def read(self, found: Scan) -> tuple[JobUsage, ...]:
         now = self._monotonic()
+        self._malformed.flush()
         try:
             boot = psutil.boot_time()  # create_time() is boot time + start ticks: the key takes the ticks
         except Exception:
@@ -73,12 +77,12 @@ class JobsReader:
         return tuple(usages)
 
     def _one(self, cgroup: JobCgroup, job: _Job, now: float, boot: float) -> JobUsage | None:
-        pids, hidden = cgroup.pids()
-        accounted_cpu, accounted_io = cgroup.accounting()
+        pids, hidden = cgroup.pids(self._malformed)
+        accounted_cpu, accounted_io = cgroup.accounting(self._malformed)
         current: dict[_Key, tuple[_Cpu, _Io]] = {}
         io_readable = True
         for pid in sorted(pids):
-            read_one = _process(pid)
+            read_one = _process(pid, self._malformed)
             if read_one is None:
                 continue
             start, times, io = read_one
@@ -105,7 +109,7 @@ class JobsReader:
         psutil_cpu = [job.retired[i] + sum(times[i] for times, _ in current.values()) for i in range(3)]
         user, system = accounted_cpu if accounted_cpu is not None else (psutil_cpu[0], psutil_cpu[1])
         iowait: float | None = psutil_cpu[2] if (current or job.retired[2]) else None
-        cpus = cgroup.cpus() or self._node_cpus
+        cpus = cgroup.cpus(self._malformed) or self._node_cpus
         busy = wait_share = None
         if job.last is not None and now > job.last[0]:
             elapsed = now - job.last[0]
@@ -147,8 +151,13 @@ class JobsReader:
             job.retired_io[1] -= io[1]
 
 
-def _process(pid: int) -> tuple[float, _Cpu, _Io] | None:
-    """(start time, CPU seconds, I/O bytes) of one process; None if it is gone or cannot be read at all."""
+_MAX_SECONDS = 2.0**64 / 100  # CPU seconds of one process: the kernel's u64 ticks at USER_HZ 100
+
+
+def _process(pid: int, report: Callable[[str, str], None] | None = None) -> tuple[float, _Cpu, _Io] | None:
+    """(start time, CPU seconds, I/O bytes) of one process; None if it is gone or cannot be read at all.
+    A /proc/PID/stat that does not parse (truncated: psutil's IndexError; huge, negative or NaN times)
+    is the process skipped and ``report`` told; the job's other processes are read."""
     try:
         process = psutil.Process(pid)
         with process.oneshot():
@@ -160,7 +169,18 @@ def _process(pid: int) -> tuple[float, _Cpu, _Io] | None:
                 io = (int(counters.read_bytes), int(counters.write_bytes))
             except (psutil.AccessDenied, AttributeError, NotImplementedError, RuntimeError):
                 io = None  # RuntimeError: an empty /proc/PID/io (psutil's word for a kernel without the accounting)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, ValueError, OSError, RuntimeError):
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError, RuntimeError):
+        return None
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        if report is not None:
+            report(f"{psutil.PROCFS_PATH}/{pid}/stat", f"psutil cannot parse it: {type(exc).__name__}")
         return None
     iowait = float(getattr(times, "iowait", 0.0) or 0.0)
-    return start, (float(times.user), float(times.system), iowait), io
+    cpu = (float(times.user), float(times.system), iowait)
+    if not all(0 <= v <= _MAX_SECONDS for v in cpu) or not math.isfinite(start):  # NaN fails the range too
+        if report is not None:
+            report(f"{psutil.PROCFS_PATH}/{pid}/stat", "CPU times that are negative, NaN or beyond a u64")
+        return None
+    if io is not None and not all(0 <= v <= 2**64 - 1 for v in io):
+        io = None
+    return start, cpu, io

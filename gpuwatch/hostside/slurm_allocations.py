@@ -20,38 +20,47 @@ from typing import Any, NamedTuple
 from gpuwatch import scontrol
 from gpuwatch.attribution import user_name
 from gpuwatch.groups.slurm import JobAllocation
-from gpuwatch.hostside.cgroups import JobCgroup, Scan
+from gpuwatch.hostside.cgroups import MAX_ID, JobCgroup, Scan
+from gpuwatch.hostside.hostile import Malformed, natural, shown
 from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuState
 from gpuwatch.scontrol import ScontrolError
 
-_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^(,]*)*\(IDX:([0-9,\-]+)\)")
+# no ":" inside a field: "(?::[^(,]*)*" backtracked exponentially over "gpu::::…" (30 colons: a minute)
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^(,:]*)*\(IDX:([0-9,\-]+)\)")
 _MIG_TYPE = re.compile(r":\d+g\.\d+gb", re.IGNORECASE)  # gpu:1g.10gb:2(IDX:0-1): MIG devices, not GPUs
 _USER = re.compile(r"^([^()]*)\((\d+)\)$")
 
 
+_MAX_MAPPING_FILES = 4096  # files looked at in the mapping directory: a runaway one costs no more
 _MAX_INDEX = 1024  # GRES indices beyond this are not GPUs of one node
+_MAX_BRACKETS = 8  # bracket groups in one hostlist part ("rack[1-2]-n[01-40]" has 2)
+
+
+_PART = re.compile(r"(?:[^\[\],]|\[[^\[\]]*\])+")  # a hostlist part: text and whole "[...]" groups
 
 
 def _top_level(text: str) -> list[str]:
-    """The comma-separated parts of a hostlist, commas inside brackets kept."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p for p in parts if p]
+    """The comma-separated parts of a hostlist, commas inside brackets kept; a stray bracket separates
+    parts like a comma (an unclosed "[" used to swallow every part after it)."""
+    return _PART.findall(text)
+
+
+_MAX_HOST_NUMBER = 10**18  # a number in a host name: more digits are not a node of this cluster
 
 
 def _in_ranges(digits: str, ranges: str) -> bool:
+    number = natural(digits, _MAX_HOST_NUMBER)
+    if number is None:
+        return False
     for item in ranges.split(","):
-        lo, sep, hi = item.partition("-")
-        if not (lo.isascii() and lo.isdigit()) or (sep and not (hi.isascii() and hi.isdigit())):
+        lo_text, sep, hi_text = item.partition("-")
+        lo, hi = natural(lo_text, _MAX_HOST_NUMBER), natural(hi_text, _MAX_HOST_NUMBER) if sep else None
+        if lo is None or (sep and hi is None):
             continue
-        width_ok = len(digits) == len(lo) if lo.startswith("0") else not digits.startswith("0") or digits == "0"
-        if width_ok and int(lo) <= int(digits) <= int(hi if sep else lo):
+        padded = lo_text.startswith("0")
+        width_ok = len(digits) == len(lo_text) if padded else not digits.startswith("0") or digits == "0"
+        if width_ok and lo <= number <= (hi if hi is not None else lo):
             return True
     return False
 
@@ -61,7 +70,9 @@ def hostlist_contains(text: str, node: str) -> bool:
     without expanding it (a hostlist of a million nodes costs what its text costs)."""
     for part in _top_level(text):
         pieces = re.split(r"\[([^\]]*)\]", part)  # literal, ranges, literal, ranges, ..., literal
-        pattern = "".join(re.escape(p) if i % 2 == 0 else r"(\d+)" for i, p in enumerate(pieces))
+        pattern = "".join(re.escape(p) if i % 2 == 0 else r"([0-9]+)" for i, p in enumerate(pieces))
+        if len(pieces) > 2 * _MAX_BRACKETS + 1 or len(pattern) > len(node) * 8 + 64:
+            continue  # more bracket groups or text than this node's name could ever match
         match = re.fullmatch(pattern, node)
         if match and all(_in_ranges(digits, pieces[2 * k + 1]) for k, digits in enumerate(match.groups())):
             return True
@@ -71,9 +82,10 @@ def hostlist_contains(text: str, node: str) -> bool:
 def _indices(text: str) -> list[int]:
     found: set[int] = set()
     for item in text.split(","):
-        lo, sep, hi = item.partition("-")
-        if lo.isascii() and lo.isdigit() and (not sep or (hi.isascii() and hi.isdigit())):
-            found.update(range(int(lo), min(int(hi if sep else lo), _MAX_INDEX - 1) + 1))
+        lo_text, sep, hi_text = item.partition("-")
+        lo, hi = natural(lo_text, _MAX_INDEX - 1), natural(hi_text, MAX_ID) if sep else None
+        if lo is not None and (not sep or hi is not None):
+            found.update(range(lo, min(hi if hi is not None else lo, _MAX_INDEX - 1) + 1))
     return sorted(found)
 
 
@@ -190,26 +202,37 @@ class Scontrol:
             self._log.warning(error, error_detail=message, hint=hint, retry_in_seconds=self._backoff)
 
 
-def read_mapping_dir(directory: Path) -> dict[tuple[int, int | None], list[str]]:
+_MAPPING_NAME = re.compile(r"([0-9]{1,4})(?:\.([0-9]{1,4}))?", re.ASCII)
+# 42, an array task's 42_7, a het job's 42+1: one printable ASCII word, not too long for a label value
+_JOB_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.+\-]{0,63}", re.ASCII)
+
+
+def read_mapping_dir(directory: Path, report: Callable[[str, str], None] | None = None,
+                     ) -> dict[tuple[int, int | None], list[str]]:
     """dcgm-exporter's job-mapping directory: a file per GPU index (``0``) or MIG instance
-    (``0.3``), a job id per line ("0" or empty: no job). Missing or unreadable: nothing."""
+    (``0.3``), a job id per line ("0" or empty: no job). Missing or unreadable: nothing. A line that
+    is no job id (garbage, binary, a 5000-digit number) is skipped, ``report(file, reason)`` told."""
     found: dict[tuple[int, int | None], list[str]] = {}
     try:
-        entries = list(directory.iterdir())
+        entries = list(directory.iterdir())[:_MAX_MAPPING_FILES]
     except OSError:
         return found
     for entry in entries:
-        match = re.fullmatch(r"(\d+)(?:\.(\d+))?", entry.name)
+        match = _MAPPING_NAME.fullmatch(entry.name)
         if not match:
             continue
         try:
             if not entry.is_file():  # a FIFO would block the read
                 continue
             with open(entry, "rb") as f:
-                text = f.read(1 << 16).decode(errors="replace")
+                text = f.read(1 << 20).decode(errors="replace")  # 1 MiB: a job id per line
         except OSError:
             continue
-        jobs = [line.strip() for line in text.splitlines() if line.strip() and line.strip() != "0"]
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        jobs = [line for line in lines if line != "0" and _JOB_ID.fullmatch(line)]
+        bad = [line for line in lines if not _JOB_ID.fullmatch(line)]
+        if bad and report is not None:
+            report(str(entry), f"{len(bad)} line(s) that are no job id skipped, the first: {shown(bad[0])}")
         if jobs:
             key = (int(match.group(1)), None if match.group(2) is None else int(match.group(2)))
             found[key] = jobs
@@ -230,6 +253,7 @@ class SlurmAllocations:
         self._mapping = None if mapping_dir is None else Path(mapping_dir)
         self._user_name = user_name
         self._cache: dict[str, Answer] = {}  # job id -> what scontrol said, for the job's life
+        self._malformed = Malformed("slurm", errors)
 
     def read(self, found: Scan, gpus: Sequence[GpuState]) -> tuple[tuple[JobAllocation, ...], bool] | None:
         """(allocations, complete) — complete: every job of the node was resolved, so a GPU without an
@@ -237,6 +261,7 @@ class SlurmAllocations:
         since start (a lost one keeps its place in the GRES order)."""
         if not found.slurm_hierarchy and self._mapping is None:
             return None  # no Slurm here that gpuwatch can see: absent, not "free"
+        self._malformed.flush()
         by_minor = {g.identity.minor_number: g.identity.uuid for g in gpus if g.identity.minor_number is not None}
         by_gres = [g.identity.uuid for g in sorted(gpus, key=_gres_order)]
         by_index = {g.identity.index: g.identity.uuid for g in gpus}
@@ -247,7 +272,7 @@ class SlurmAllocations:
         for job in (j for j in found.jobs if j.scheduler == "slurm"):
             live.append(job.job_id)
             user = self._user_name(job.uid) if job.uid is not None else ""
-            minors = job.devices()
+            minors = job.devices(self._malformed)
             if minors is not None:
                 allocations.extend(JobAllocation(by_minor[m], job.job_id, user, "devices") for m in minors
                                    if m in by_minor)
@@ -263,7 +288,8 @@ class SlurmAllocations:
         for gone in [j for j in self._cache if j not in live]:
             del self._cache[gone]
         if self._mapping is not None:
-            for (index, _instance), jobs in sorted(read_mapping_dir(self._mapping).items(), key=_mapping_order):
+            mapped = read_mapping_dir(self._mapping, self._malformed)
+            for (index, _instance), jobs in sorted(mapped.items(), key=_mapping_order):
                 uuid = by_index.get(index)
                 for job_id in jobs:
                     if uuid is not None and job_id not in resolved:

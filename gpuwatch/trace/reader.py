@@ -44,7 +44,10 @@ def _reject_constant(name: str) -> None:
 
 
 def _parse_line(raw: bytes) -> Any:
-    return json.loads(raw, parse_constant=_reject_constant)
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:  # "[[[[…": json's recursion is not a ValueError; a trace's lines nest a few levels
+        raise ValueError("it nests too deeply") from None
 
 
 def _decode_header(data: Any) -> TraceHeader:

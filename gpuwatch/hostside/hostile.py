@@ -1,0 +1,73 @@
+"""Host text gpuwatch does not write is data, never a reason to fail: the numbers in it and its bad lines.
+
+Every parser of a host file (cgroup pseudo-files, the mapping directory, scontrol's answers) reads numbers
+with :func:`natural` — ASCII digits only, a bounded length, a range — so a 5000-digit number, a Unicode
+digit, a sign, NaN or an infinity is a bad value, not an exception (``int()`` raises on more than 4300
+digits). What is bad is skipped, what is valid next to it is kept; :class:`Malformed` counts the skip in
+``gpuwatch_collector_errors_total{group,error="malformed_input"}`` and logs one ``host_input_skipped``
+warning per source (a file, a command's answer) per hour, then a summary of how often it recurred.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from gpuwatch.logs import Repeats, get_logger
+
+ERROR = "malformed_input"
+WARN_EVERY = 3600.0  # seconds: one warning per source in this interval, then one summary line
+_MAX_SHOWN = 80  # characters of the bad text the warning shows
+
+
+def natural(text: str, maximum: int) -> int | None:
+    """``text`` as a whole number 0..maximum: ASCII digits only (no sign, no space, no "_", no Unicode
+    digit), no longer than ``maximum`` is; None otherwise — never an exception, whatever the length."""
+    if not text or len(text) > len(str(maximum)) or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= maximum else None
+
+
+def finite(text: str, maximum: float) -> float | None:
+    """``text`` as a number 0..maximum (``1e3`` and fractions allowed); None for NaN, an infinity, a
+    negative, more than ``maximum`` or no number at all."""
+    if len(text) > 64:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and 0 <= value <= maximum else None
+
+
+def shown(text: str) -> str:
+    """A bad line as a warning shows it: at most 80 characters, control characters and all escaped."""
+    return ascii(text[:_MAX_SHOWN]) + ("..." if len(text) > _MAX_SHOWN else "")
+
+
+Report = Callable[[str, str], None]  # (source: a file's path or a command, what was wrong)
+
+
+class Malformed:
+    """``report(source, reason)``: one source's input had something bad in it, skipped. Counted as
+    ``(group, "malformed_input")`` in the reader's errors list of this read; logged once per source
+    per hour (gpuwatch.logs.Repeats: later ones become one summary line with the count)."""
+
+    def __init__(self, group: str, errors: list[tuple[str, str]], logger: Any = None,
+                 monotonic: Callable[[], float] | None = None) -> None:
+        self._group = group
+        self._errors = errors
+        log = logger if logger is not None else get_logger(component=group)
+        self._repeats = Repeats(log, burst=1, interval=WARN_EVERY, **({"monotonic": monotonic} if monotonic else {}))
+
+    def __call__(self, source: str, reason: str) -> None:
+        self._errors.append((self._group, ERROR))
+        self._repeats.log("warning", "host_input_skipped", ("malformed", source), group=self._group, source=source,
+                          reason=reason, hint="the bad part is skipped and everything valid in it is kept; "
+                                              "find what writes this file or answer")
+
+    def flush(self) -> None:
+        """Summaries of the sources whose hour is over; their keys are forgotten (a job's files go with it)."""
+        self._repeats.flush()
