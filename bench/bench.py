@@ -1,14 +1,14 @@
 """gpuwatch beside nvitop-exporter: whole processes, the same fake node, one run.
 
-    .venv/bin/python bench/bench.py            # 8 and 64 GPUs, both cadences, both exporters (~45 min)
-    .venv/bin/python bench/bench.py --quick    # the same, shorter windows (~17 min)
-    .venv/bin/python bench/bench.py --gpus 8 --only gpuwatch
+    .venv/bin/python bench/bench.py            # HGX and PCIe nodes, 8 and 64 GPUs, both cadences, both exporters
+    .venv/bin/python bench/bench.py --quick    # the same, shorter windows (~35 min)
+    .venv/bin/python bench/bench.py --gpus 8 --nodes pcie --only gpuwatch
 
 Each exporter is installed by the benchmark into a virtual environment of its own under bench/out/
 (gpuwatch from this working tree with `pip install .`, runtime dependencies only, as a user gets it;
 nvitop-exporter from PyPI), never into the project's. Both run as real processes over the fake
-libnvidia-ml.so.1 of tests/fakenvml with the same H200 node, one after the other, and are measured the
-same way:
+libnvidia-ml.so.1 of tests/fakenvml with the same node (an HGX H200 node, then a PCIe L40S node), one
+after the other, and are measured the same way:
 
 - CPU per GPU per poll: the process's utime + stime from /proc/PID/stat over the measuring window,
   minus the CPU time its threads spent inside the fake library (the library sums it itself:
@@ -58,6 +58,9 @@ from daemon import wait_for  # noqa: E402  (tests/daemon.py: poll a condition wi
 OUT = ROOT / "bench" / "out"
 PEER = "nvitop-exporter==1.7.2"
 CADENCES = ((0.5, 1.0), (2.0, 15.0))  # (poll interval, scrape interval), seconds
+# The node kinds: an HGX H200 node (18 NVLinks per GPU, GPM, a fabric), where the peer reads NVLink per link,
+# and a PCIe L40S node without NVLink or GPM, where it is cheapest.
+NODES = {"hgx": ("H200 HGX", fakenvml.FakeNode.h200), "pcie": ("L40S PCIe", fakenvml.FakeNode.l40s)}
 PROMETHEUS_HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
               "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
@@ -204,9 +207,9 @@ class Changer:
         self.thread.join()
 
 
-def start(name: str, python: dict[str, Path], gpus: int, poll: float, workdir: Path) -> Exporter:
+def start(name: str, python: dict[str, Path], gpus: int, poll: float, workdir: Path, kind: str = "hgx") -> Exporter:
     workdir.mkdir(parents=True, exist_ok=True)
-    node = fakenvml.FakeNode.h200(gpus)
+    node = NODES[kind][1](gpus)
     fx = fakenvml.prepare(workdir, node)
     port = free_port()
     if name == "gpuwatch":
@@ -289,10 +292,10 @@ def scrape_latency(exp: Exporter, quick: bool) -> dict:
             "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))}
 
 
-def measure(name: str, python: dict[str, Path], gpus: int, quick: bool, workdir: Path) -> dict:
+def measure(name: str, python: dict[str, Path], gpus: int, quick: bool, workdir: Path, kind: str = "hgx") -> dict:
     result: dict = {}
     for poll, scrape in CADENCES:
-        exp = start(name, python, gpus, poll, workdir / f"{name}-{gpus}-{poll:g}")
+        exp = start(name, python, gpus, poll, workdir / f"{name}-{kind}-{gpus}-{poll:g}", kind)
         try:
             warm = 10 if quick else 20
             wait_for(lambda exp=exp, warm=warm, poll=poll: exp.counters()[0] / gpus >= warm / poll / 2, 120,
@@ -322,9 +325,9 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def report(gpus: int, r: dict) -> list[str]:
+def report(gpus: int, r: dict, kind: str = "hgx") -> list[str]:
     g, n = r.get("gpuwatch", {}), r.get("nvitop-exporter", {})
-    lines = [f"\nH200 x {gpus}", f"{'figure':58} {'gpuwatch':>12} {'nvitop':>12} {'ratio':>7}  target"]
+    lines = [f"\n{NODES[kind][0]} x {gpus}", f"{'figure':58} {'gpuwatch':>12} {'nvitop':>12} {'ratio':>7}  target"]
     rows = [(f"poll_{poll:g}s_scrape_{scrape:g}s",
              f"CPU us per GPU per poll, poll {poll:g} s, scrape every {scrape:g} s") for poll, scrape in CADENCES]
     rows += [(f"poll_{poll:g}s_scrape_{scrape:g}s_changing", f"  the same at poll {poll:g} s, readings changing")
@@ -369,6 +372,8 @@ def machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--nodes", choices=sorted(NODES), nargs="+", default=["hgx", "pcie"],
+                    help="node kinds: hgx (H200, NVLink, GPM), pcie (L40S, neither)")
     ap.add_argument("--only", choices=["gpuwatch", "nvitop-exporter"], help="measure one exporter")
     ap.add_argument("--quick", action="store_true", help="shorter windows")
     ap.add_argument("--out", default=str(OUT / "results.json"))
@@ -385,13 +390,14 @@ def main(argv: list[str] | None = None) -> int:
         python["nvitop-exporter"] = venv("nvitop-venv", PEER)
     fakenvml.build()
     results: dict = {"machine": machine(), "command": " ".join(["bench/bench.py", *(argv or sys.argv[1:])]),
-                     "peer": PEER, "gpus": {}}
+                     "peer": PEER, "nodes": {}}
     try:
-        for gpus in args.gpus:
-            per = results["gpus"][str(gpus)] = {}
-            for name in names:
-                per[name] = measure(name, python, gpus, args.quick, OUT / "runs")
-            print("\n".join(report(gpus, per)), flush=True)
+        for kind in args.nodes:
+            for gpus in args.gpus:
+                per = results["nodes"].setdefault(kind, {})[str(gpus)] = {}
+                for name in names:
+                    per[name] = measure(name, python, gpus, args.quick, OUT / "runs", kind)
+                print("\n".join(report(gpus, per, kind)), flush=True)
     finally:
         for proc in list(_children):
             reap(proc)
