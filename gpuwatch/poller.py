@@ -67,7 +67,12 @@ class SteadyScheduler(BackgroundScheduler):
         if self._offset is not None and abs(offset - self._offset) > CLOCK_STEP_SECONDS:
             self._shift(offset - self._offset)
         self._offset = offset
-        return super()._process_jobs()
+        wait = super()._process_jobs()
+        if abs(self._wall() - self._monotonic() - offset) > CLOCK_STEP_SECONDS:
+            # the clock stepped while APScheduler looked at the jobs: the wait it computed is on the other side
+            # of the step (back 300 s: a 300 s stall). Look again at once: that look moves the jobs.
+            return 0.0
+        return wait
 
     def _shift(self, seconds: float) -> None:
         delta = timedelta(seconds=seconds)

@@ -195,6 +195,13 @@ def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():
     wall[0] += 1.0
     scheduler._process_jobs()
     assert round((next_run() - due).total_seconds(), 3) == -300.0 and scheduler.steps == [-300.0]
+    # a step while APScheduler looks at the jobs (between the scheduler's two reads of the clocks): its wait is
+    # on the wrong side of the step, so the scheduler looks again at once, and that look moves the jobs
+    reads = iter([wall[0], wall[0] + 600.0])
+    scheduler._wall = lambda: next(reads, wall[0] + 600.0)
+    assert scheduler._process_jobs() == 0.0 and scheduler.steps == [-300.0]
+    scheduler._process_jobs()
+    assert round((next_run() - due).total_seconds(), 3) == 300.0 and scheduler.steps == [-300.0, 600.0]
     scheduler.shutdown(wait=False)
 
 
