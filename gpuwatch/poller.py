@@ -358,10 +358,6 @@ class Poller:
                 return str(gpu.identity.index)
         return ""
 
-    def evaluate_if_due(self) -> None:
-        """The rules timer's job (public for gpuwatch.testing.Harness, which runs the jobs on simulated time)."""
-        self._evaluate_if_due()
-
     def _evaluate_if_due(self) -> None:
         """The timer's run: the rules run here only when no fast poll has run them for 1.5 intervals
         (a poll hangs or was skipped), so then at most 1.5 intervals + the timer's period apart, and
@@ -436,6 +432,25 @@ class Poller:
             self._log.warning("poll_overrun", tier=tier, running_seconds=running,
                               hint="an NVML call is not returning (wedged driver?); data goes stale until it does")
 
+    def jobs(self) -> tuple[tuple[str, Callable[[], None], float, bool], ...]:
+        """The scheduler's jobs: (id, function, interval in seconds, whether it runs at once rather than one
+        interval in). ``start`` schedules exactly these; gpuwatch.testing.Harness runs them on simulated time."""
+        jobs = [("fast", self.poll_fast, self._fast_interval, True),
+                ("slow", self.poll_slow, self._slow_interval, False)]
+        if self._host is not None:
+            jobs.append(("host", self.poll_host, self._slow_interval, True))
+        if self._evaluate is not None:
+            # A wake-up of the scheduler costs about as much CPU as a GPU's poll: the timer that runs
+            # the rules while polls stall needs no more than one every few seconds (the watchdog
+            # allows max(3 intervals, 10 s) between evaluations).
+            jobs.append(("rules", self._evaluate_if_due, max(self._fast_interval, RULES_TIMER_SECONDS), False))
+        return tuple(jobs)
+
+    @property
+    def reads_events(self) -> bool:
+        """Whether a selected group reads NVML events: the events thread runs then."""
+        return self._selection.events
+
     def start(self) -> None:
         scheduler = SteadyScheduler(
             executors={"default": ThreadPoolExecutor(max_workers=4)},
@@ -443,21 +458,12 @@ class Poller:
             timezone="UTC",
         )
         scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
-        scheduler.add_job(self.poll_fast, "interval", seconds=self._fast_interval, id="fast",
-                          next_run_time=_now())
-        scheduler.add_job(self.poll_slow, "interval", seconds=self._slow_interval, id="slow")
-        if self._host is not None:
-            scheduler.add_job(self.poll_host, "interval", seconds=self._slow_interval, id="host",
-                              next_run_time=_now())
-        if self._evaluate is not None:
-            # A wake-up of the scheduler costs about as much CPU as a GPU's poll: the timer that runs
-            # the rules while polls stall needs no more than one every few seconds (the watchdog
-            # allows max(3 intervals, 10 s) between evaluations).
-            scheduler.add_job(self._evaluate_if_due, "interval", seconds=max(self._fast_interval, RULES_TIMER_SECONDS),
-                              id="rules")
+        for job_id, function, seconds, at_once in self.jobs():
+            scheduler.add_job(function, "interval", seconds=seconds, id=job_id,
+                              **({"next_run_time": _now()} if at_once else {}))
         scheduler.start()
         self._scheduler = scheduler
-        if self._selection.events:  # XIDs; MIG configuration changes
+        if self.reads_events:  # XIDs; MIG configuration changes
             self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
             self._events_thread.start()
 

@@ -26,10 +26,8 @@ from gpuwatch.backends.base import Backend
 from gpuwatch.clock import FakeClock
 from gpuwatch.config import Config
 from gpuwatch.model import Anomaly, NodeSnapshot
-from gpuwatch.poller import RULES_TIMER_SECONDS
 from gpuwatch.status import status_document
 
-JOBS = ("fast", "slow", "host", "rules")  # the order of jobs due at the same instant
 _EPSILON = 1e-9
 
 
@@ -55,17 +53,17 @@ class Harness:
         self.backend = self.agent.backend
         self.store = self.agent.store
         self.poller = self.agent.poller
-        fast, slow = self.config.poll_interval, self.config.poll_slow_interval
-        self.intervals = {"fast": fast, "slow": slow, "host": slow, "rules": max(fast, RULES_TIMER_SECONDS)}
         now = self.clock.monotonic()
         self.started = now
-        # as Poller.start() schedules them: fast and host at once, the others one interval later
-        self._due = {"fast": now, "slow": now + slow, "rules": now + self.intervals["rules"]}
-        if self.agent.host is not None:
-            self._due["host"] = now
+        # the poller's jobs as Poller.start() schedules them: some at once, the others one interval later
+        jobs = self.poller.jobs()
+        self._functions = {job_id: function for job_id, function, _, _ in jobs}
+        self.intervals = {job_id: seconds for job_id, _, seconds, _ in jobs}
+        self._due = {job_id: now if at_once else now + seconds for job_id, _, seconds, at_once in jobs}
         self._host_grid: float | None = None  # the host job's next scheduled run while a woken one is due
-        self._events = bool({"xid", "mig"} & self.config.collectors)
-        self.runs = dict.fromkeys(JOBS, 0)  # how many times each job ran
+        self._events = self.poller.reads_events
+        self._order = [job_id for job_id, _, _, _ in jobs]  # jobs due at the same instant run in this order
+        self.runs = dict.fromkeys(self._order, 0)  # how many times each job ran
         self.closed = False
 
     # -- time ------------------------------------------------------------------------------------
@@ -79,7 +77,7 @@ class Harness:
             raise ValueError("time only goes forward")
         target = self.clock.monotonic() + seconds
         while True:
-            job = min(self._due, key=lambda j: (self._due[j], JOBS.index(j)))
+            job = min(self._due, key=lambda j: (self._due[j], self._order.index(j)))
             due = self._due[job]
             if due > target + _EPSILON:
                 break
@@ -115,14 +113,7 @@ class Harness:
     def _run(self, job: str) -> None:
         self.runs[job] += 1
         was_up = self.poller.backend_up
-        if job == "fast":
-            self.poller.poll_fast()
-        elif job == "slow":
-            self.poller.poll_slow()
-        elif job == "host":
-            self.poller.poll_host()
-        else:
-            self.poller.evaluate_if_due()
+        self._functions[job]()
         if not was_up and self.poller.backend_up and "host" in self._due and job != "host":
             # a discovery wakes the host job (Poller._wake_host: the allocations of the GPUs just found);
             # APScheduler's interval trigger then keeps the job's own schedule
