@@ -165,7 +165,7 @@ def test_fast_encoder_matches_prometheus_client_byte_for_byte():
 
         for state in snap.gpus:
             prefix = (str(state.identity.index), state.identity.uuid)
-            _gpu_core(collecting(prefix), state, groups.features_of(groups.DEFAULT_ENABLED))
+            _gpu_core(collecting(prefix), state, groups.Selection.of().features)
             fast, slow = state.fresh_fast(now, 6.0), state.fresh_slow(now, 90.0)
             host = state.fresh_host(now, 90.0)
             for group in groups.GROUPS:

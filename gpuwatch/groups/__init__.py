@@ -13,7 +13,7 @@ file; a new group is one module here plus its line in ``GROUPS`` and its attribu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,10 +79,6 @@ HARDWARE_FEATURES: frozenset[str] = frozenset(f for g in GROUPS for f in g.hardw
 SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
 
 
-
-
-def features_of(enabled: Iterable[str]) -> frozenset[str]:
-    return frozenset(f for name in enabled for f in BY_NAME[name].features)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +237,7 @@ def only(sample: Any, enabled: frozenset[str]) -> Any:
 __all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES",
            "SPECS", "FAST_HISTORY", "FastSample", "Selection",
            "GpuHost", "HostSample", "SlowSample",
-           "fast_sample", "flat", "only", "slow_sample", "features_of"]
+           "fast_sample", "flat", "only", "slow_sample"]
 
 
 def _nothing(_: Any) -> tuple[()]:
