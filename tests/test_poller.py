@@ -2,11 +2,13 @@
 
 import json
 import threading
+import time
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from daemon import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatch.clock import FakeClock
+from gpuwatch.clock import FakeClock, SystemClock
 from gpuwatch.errors import BackendUnavailable
 from gpuwatch.model import XidEvent
 from gpuwatch.poller import Poller
@@ -133,16 +135,20 @@ def test_readings_are_dropped_after_the_staleness_bound():
 
 
 def test_wedged_call_skips_runs_without_piling_up_and_resumes(capsys):
-    """With the real scheduler: a read that blocks holds one thread; later runs are skipped, not queued."""
+    """With the real scheduler: a read that blocks holds one thread; later runs are skipped, not queued,
+    and the skipped ticks run the rules (so collection_stalled can fire while no poll completes)."""
     clock, backend, store, poller = make(1)
-    scheduler_poller = Poller(backend, store, clock, fast_interval=0.05, slow_interval=30.0)
+    evaluations: list[float] = []
+    scheduler_poller = Poller(backend, store, SystemClock(), fast_interval=0.05, slow_interval=30.0,
+                              evaluate=lambda: evaluations.append(time.monotonic()))
     backend.block = threading.Event()
     scheduler_poller.start()
     try:
         seen: list[dict] = []
         wait_for(lambda: [e for e in seen.extend(log_events(capsys)) or seen if e["event"] == "poll_overrun"],
                  what="poll_overrun while the read is blocked")
-        assert backend.calls.get("read_fast", 0) == 1
+        wait_for(lambda: len(evaluations) >= 3, what="the rules to run at the skipped ticks")
+        assert backend.calls.get("read_fast", 0) == 1  # the first poll is still blocked: no poll ran them
         assert threading.active_count() < 20
         backend.block.set()
         wait_for(lambda: backend.calls.get("read_fast", 0) >= 3, what="polls resuming")
@@ -205,24 +211,30 @@ def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():
     scheduler.shutdown(wait=False)
 
 
-def test_rules_run_once_per_fast_poll_and_on_the_timer_only_while_polls_stall():
-    """The rules' own timer fires in the fast job's phase: it must not evaluate a second time after
-    every poll, only when polls stop running the rules (a wedged call)."""
+def test_rules_run_once_per_fast_poll_and_at_the_skipped_ticks_only_while_polls_stall():
+    """The rules have no timer of their own: they run at the end of each fast poll, and when a fast tick
+    is skipped because the last poll still runs (a wedged call: APScheduler's max-instances event), at
+    that tick, within the watchdog's bound of 3 intervals. A skipped slow tick runs no rules."""
     clock = FakeClock()
     backend = ScriptedBackend(1)
     store = Store(clock, backend.name)
     runs = []
     poller = Poller(backend, store, clock, fast_interval=2.0, slow_interval=30.0,
                     evaluate=lambda: runs.append(clock.monotonic()))
+    assert [job_id for job_id, *_ in poller.jobs()] == ["fast", "slow"]  # one wake-up per poll, no timer
+
+    def skipped(tier: str) -> None:
+        poller._on_max_instances(JobExecutionEvent(EVENT_JOB_MAX_INSTANCES, tier, "default", None))
+
     for _ in range(5):
         poller.poll_fast()  # its rules run at its end
-        clock.advance(1.99)  # the timer fires while the next poll is still reading
-        poller._evaluate_if_due()
+        clock.advance(1.99)
+        skipped("slow")  # a slow poll overran: not the rules' business
         clock.advance(0.01)
     assert len(runs) == 5  # once per poll
-    # polls stall: the timer takes over, within the watchdog's bound of 3 intervals
+    # polls stall: each skipped fast tick runs the rules when no poll has for 1.5 intervals
     for _ in range(6):
         clock.advance(2.0)
-        poller._evaluate_if_due()
+        skipped("fast")
     gaps = [b - a for a, b in zip(runs[4:], runs[5:])]  # from the last poll's run on
     assert len(gaps) >= 2 and max(gaps) <= 3 * 2.0

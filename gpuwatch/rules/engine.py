@@ -267,8 +267,8 @@ class Engine:
     def evaluate(self, snap: NodeSnapshot, now: float | None = None, wall: float | None = None) -> tuple[Anomaly, ...]:
         """Feed the latest snapshot; returns the state of every evaluated (rule, GPU).
 
-        Runs after every fast poll, and on a timer too (``now``/``wall``: the time of evaluation),
-        so that node rules such as collection_stalled fire while a poll hangs.
+        Runs after every fast poll, and at the fast ticks skipped while a poll hangs (``now``/``wall``:
+        the time of evaluation), so that node rules such as collection_stalled fire then.
         """
         with self._lock:
             return self._evaluate(snap, snap.taken_monotonic if now is None else now,

@@ -7,8 +7,8 @@ the budget (warning) the node has no headroom left for a failed supply; over it 
 is overloaded or already failed. A supply that cannot deliver shows on the GPUs as power brake
 (HW_POWER_BRAKE_SLOWDOWN, asserted by the board): the summary names the GPUs in it.
 
-The engine also runs on a timer (``Engine.evaluate(snapshot, now, wall)``), so collection_stalled
-fires while a poll hangs in NVML and no new snapshot arrives.
+The engine also runs at the fast ticks skipped while a poll hangs (``Engine.evaluate(snapshot, now, wall)``),
+so collection_stalled fires while a poll hangs in NVML and no new snapshot arrives.
 """
 
 from __future__ import annotations

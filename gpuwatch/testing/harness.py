@@ -6,7 +6,7 @@ ChildBackend, or whatever ``make_backend`` picks from the configuration), and ``
 what the poller's scheduler would have run in that time, in time order, at the simulated instant each
 is due: the fast poll every poll interval (from the start; the rules run after each), the slow poll every
 slow interval (the first one with the first fast poll, as the daemon does), the host groups' job (at
-the start, right after each discovery, then every slow interval), the rules' own timer, and after each
+the start, right after each discovery, then every slow interval), and after each
 job a drain of the backend's events (wait_events with a timeout of 0), as the events thread would. No
 APScheduler, no thread, no sleep: a run is deterministic and takes the time its polls take.
 
