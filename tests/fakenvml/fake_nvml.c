@@ -1043,12 +1043,27 @@ static int parse_global_line(state_t *st, const char *key, char **tok, int ntok,
     return 0;
 }
 
+/* A state lives in its own anonymous mapping: its pages are zero until written, and only the GPUs,
+ * fields and XIDs a file names are (a state_t is ~2.9 MB for 64 GPUs: malloc + memset made all of it
+ * resident in every process over this library, the exporter measured by bench/ included). */
+static state_t *state_alloc(void)
+{
+    void *p = mmap(NULL, sizeof(state_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void state_free(state_t *st)
+{
+    if (st)
+        munmap(st, sizeof(state_t));
+}
+
+/* st: from state_alloc (all zero) */
 static int parse_state_file(const char *path, state_t *st)
 {
     FILE *f = fopen(path, "re");
     if (!f)
         return -1;
-    memset(st, 0, sizeof *st);
     strcpy(st->driver_version, "590.48.01");
     strcpy(st->nvml_version, "13.590.48.01");
     st->cuda_version = 13010;
@@ -1126,14 +1141,14 @@ static void maybe_reload(int force)
         sb.st_mtim.tv_nsec == g_stat.mtim.tv_nsec && sb.st_size == g_stat.size &&
         sb.st_ino == g_stat.ino && sb.st_dev == g_stat.dev)
         return;
-    state_t *ns = malloc(sizeof *ns);
+    state_t *ns = state_alloc();
     if (!ns)
         return;
     if (parse_state_file(g_state_path, ns) != 0) {
-        free(ns);
+        state_free(ns);
         return;
     }
-    free(g_state);
+    state_free(g_state);
     g_state = ns;
     g_stat.valid = 1;
     g_stat.mtim = sb.st_mtim;
