@@ -27,7 +27,6 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -266,6 +265,8 @@ def save_memory(path: str, memory: Memory, node: str) -> None:
     """Atomically (temporary file in the same directory, fsync, rename). OSError when not writable."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    import tempfile  # the drain command only: the daemon never loads it
+
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w") as f:

@@ -287,3 +287,21 @@ def test_history_copies_drop_what_no_rule_looks_back_at_and_share_equal_readings
     assert kept2.thermal is kept1.thermal and kept2.utilization is kept1.utilization  # equal: shared
     assert kept2.power is not kept1.power and kept2.power.power_watts == 310.0
     assert kept1.thermal == first.thermal and kept2.fans == again.fans
+
+
+def test_slow_history_copies_drop_the_poll_bookkeeping_and_share_equal_readings():
+    import dataclasses
+
+    from gpuwatch.rules.engine import _for_slow_history
+
+    first = dataclasses.replace(slow_sample(pcie_replays=3, ecc_errors={"volatile_corrected": 1}),
+                                errors=("timeout",), collected=(("ecc", 0.001, True),))
+    again = dataclasses.replace(slow_sample(pcie_replays=5, ecc_errors={"volatile_corrected": 1}),
+                                collected=(("ecc", 0.002, True),))
+    kept1 = _for_slow_history(first, None)
+    kept2 = _for_slow_history(again, kept1)
+    assert kept1.errors == () and kept1.collected == () and kept2.collected == ()
+    assert kept1.pcie == first.pcie and kept1.ecc == first.ecc and kept1.thermal == first.thermal
+    assert kept2.ecc is kept1.ecc and kept2.thermal is kept1.thermal  # equal readings: shared
+    assert kept2.ecc is not again.ecc  # the new sample's own (equal) object is not kept
+    assert kept2.pcie is again.pcie and kept2.pcie.pcie_replays == 5  # a changed reading: its own

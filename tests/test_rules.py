@@ -870,3 +870,11 @@ def test_a_stalled_slow_tier_leaves_overheating_and_a_stopped_fan_firing():
     assert window.slow(uuid_of(0)) is not None
     assert evaluate("overheating", window).active
     assert evaluate("fan_stalled", window).active
+
+
+def test_the_rules_median_is_statistics_median():
+    import statistics
+
+    from gpuwatch.rules.common import median
+    for values in ([1.0], [3.0, 1.0], [0.5, -0.2, 0.1], [4.0, 1.0, 3.0, 2.0], [-1.0, -1.0, 2.0, 7.5, 0.0]):
+        assert median(list(values)) == statistics.median(values)

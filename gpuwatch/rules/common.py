@@ -78,3 +78,11 @@ def sample_share(window: Window, uuid: str, name: str, seconds: float) -> float 
     if not samples:
         return None
     return hits / samples
+
+
+def median(values: list[float]) -> float:
+    """statistics.median of a non-empty list, without importing statistics (and with it decimal and
+    fractions: half a megabyte of resident memory for one median)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2

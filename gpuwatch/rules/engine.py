@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gpuwatch.errors import ConfigError
@@ -63,6 +63,23 @@ def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
                 value = before
         values.append(value)
     return FastSample(*values)
+
+
+_SLOW_FIELDS = tuple(f.name for f in fields(SlowSample) if f.name not in ("errors", "collected"))
+
+
+def _for_slow_history(sample: SlowSample, previous: SlowSample | None) -> SlowSample:
+    """The slow sample as the history keeps it: without the poll's errors and group timings (never looked
+    back at), each reading that equals the previous sample's shared with it (limits, thresholds and health
+    counters rarely change from one slow poll to the next: at 64 GPUs, ten samples of a dozen readings each
+    per GPU otherwise). Rules read the latest slow sample whole (``Window.slow``)."""
+    if previous is None:
+        return SlowSample(**{name: getattr(sample, name) for name in _SLOW_FIELDS})
+    values = {}
+    for name in _SLOW_FIELDS:
+        value, before = getattr(sample, name), getattr(previous, name)
+        values[name] = before if before is not value and before == value else value
+    return SlowSample(**values)
 
 
 def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[str, RuleConfig]:
@@ -259,7 +276,8 @@ class Engine:
                 if state.slow is not None and state.slow_monotonic is not None:
                     last = slow.last_time
                     if last is None or state.slow_monotonic > last:
-                        slow.append(state.slow_monotonic, state.slow)
+                        previous_slow = slow.items[-1][1] if slow.items else None
+                        slow.append(state.slow_monotonic, _for_slow_history(state.slow, previous_slow))
             history.trim(fast_horizon)
             slow.trim(slow_horizon)
         self._most_gpus = max(self._most_gpus, snap.visible_gpus)

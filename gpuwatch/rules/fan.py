@@ -10,11 +10,10 @@ the reading that says whether a fan turns.
 from __future__ import annotations
 
 import functools
-import statistics
 
 from gpuwatch.model import FanReading, FastSample, Observation, slowdown_headroom
 from gpuwatch.rules.base import GpuRule, RuleConfig, Window, needs
-from gpuwatch.rules.common import gpu_label
+from gpuwatch.rules.common import gpu_label, median
 
 
 def _pct(ratio: float | None) -> str:
@@ -86,11 +85,11 @@ def _fan_not_tracking(window: Window, uuid: str, config: RuleConfig) -> Observat
         if not deviations:
             continue
         # The median over the window: a single odd reading neither starts nor ends an episode.
-        median = statistics.median(deviations)
+        middle = median(deviations)
         stopped = _stopped(fan, config)  # a stopped fan is fan_stalled's business
-        active = abs(median) > config["deviation_ratio"] and not stopped
-        obs = Observation(active, abs(median), config["deviation_ratio"],
-                          functools.partial(_tracking_text, window, uuid, fan, median, config["window_seconds"]))
+        active = abs(middle) > config["deviation_ratio"] and not stopped
+        obs = Observation(active, abs(middle), config["deviation_ratio"],
+                          functools.partial(_tracking_text, window, uuid, fan, middle, config["window_seconds"]))
         if active:
             return obs
         if result is None or (obs.value or 0) > (result.value or 0):

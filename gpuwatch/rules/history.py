@@ -6,6 +6,7 @@ Only the engine appends and trims; rules read a History through their Window (gp
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -49,7 +50,9 @@ class History(Generic[T]):
         # key -> running counts of its predicate, counts[j] = matching samples in items[:j]; key ->
         # values of its getter, values[j] = getter(items[j][1]). Both are extended lazily (when
         # asked), and only the entries from ``start`` on mean anything.
-        self._counts: dict[SeriesKey, list[int]] = {}
+        # The running counts are arrays of 64-bit ints: a list would hold an int object (32 bytes) per sample
+        # once the counts pass 256 (0.8 MB of the history at 64 GPUs, 0.5 s polls).
+        self._counts: dict[SeriesKey, array[int]] = {}
         self._columns: dict[SeriesKey, list[Any]] = {}
         self._derived: dict[SeriesKey, tuple[int, int, Any]] = {}  # key -> (lo, end, value)
         self._since: float | None = None  # the last ``index`` asked for, and its answer
@@ -84,7 +87,7 @@ class History(Generic[T]):
                 if len(counts) > start:
                     del counts[:start]
                 else:  # not asked for since: start over
-                    self._counts[key] = [0]
+                    self._counts[key] = array("q", (0,))
             for key, values in self._columns.items():
                 if len(values) >= start:
                     del values[:start]
@@ -113,10 +116,10 @@ class History(Generic[T]):
         return ([("tally", key) for key in self._counts] + [("column", key) for key in self._columns]
                 + [("derive", key) for key in self._derived])
 
-    def _running(self, key: SeriesKey, predicate: Callable[[T], bool]) -> list[int]:
+    def _running(self, key: SeriesKey, predicate: Callable[[T], bool]) -> array[int]:
         counts = self._counts.get(key)
         if counts is None:
-            counts = self._counts[key] = [0] * (self.start + 1)
+            counts = self._counts[key] = array("q", (0,)) * (self.start + 1)
         n = len(counts) - 1
         if n < len(self.items):
             total = counts[-1]

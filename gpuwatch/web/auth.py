@@ -8,8 +8,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 
-import bcrypt
-
 from gpuwatch.web.config import BCRYPT_MAX, DUMMY_HASH
 
 # -- basic auth ------------------------------------------------------------------------------------
@@ -41,6 +39,8 @@ class Authenticator:
                 if key in self._ok:
                     self._ok.move_to_end(key)
                     return user
+        import bcrypt  # at the first request with credentials: a node without basic auth never loads it
+
         try:
             ok = bcrypt.checkpw(secret, hashed.encode() if hashed is not None else DUMMY_HASH)
         except ValueError:
@@ -75,4 +75,6 @@ def basic_header(user: str, password: str) -> str:
 
 def hash_password(password: str, cost: int = 10) -> str:
     """A bcrypt hash for basic_auth_users (what `htpasswd -nBC 10` writes, with the $2b$ prefix)."""
+    import bcrypt
+
     return bcrypt.hashpw(password.encode()[:BCRYPT_MAX], bcrypt.gensalt(cost)).decode()
