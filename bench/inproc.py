@@ -1,6 +1,6 @@
 """Where a poll's CPU goes, in-process: the supporting figures beside bench.py's whole-process ones.
 
-    .venv/bin/python bench/inproc.py [--gpus 8] [--rounds 300]
+    .venv/bin/python bench/inproc.py [--gpus 8] [--node h200|l40s] [--rounds 300]
 
 Runs itself again in a child whose environment loads the fake libnvidia-ml.so.1 (LD_LIBRARY_PATH
 must be set before Python starts), builds the daemon's own wiring (gpuwatch.agent.Agent, NVML
@@ -91,13 +91,15 @@ def child(rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--node", choices=["h200", "l40s"], default="h200",
+                    help="h200: HGX (NVLink, GPM); l40s: PCIe, neither")
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.rounds)))
         return 0
-    fx = fakenvml.prepare(Path(tempfile.mkdtemp()), fakenvml.FakeNode.h200(args.gpus))
+    fx = fakenvml.prepare(Path(tempfile.mkdtemp()), getattr(fakenvml.FakeNode, args.node)(args.gpus))
     env = {**fx.env, "FAKE_NVML_CPU": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(args.rounds)], env=env,
                          capture_output=True, text=True, check=True)
