@@ -200,7 +200,7 @@ class Fleet:
         return self.main
 
     def stop(self) -> None:
-        for server in self.servers:
+        for server in reversed(self.servers):  # the shards before the store they flush their remote_write to
             stop_process(server.process)
         for node in self.nodes.values():
             stop_process(node.process)
