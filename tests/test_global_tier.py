@@ -6,6 +6,9 @@ scrape gpuwatch processes, evaluate the shipped rules for their racks and remote
 of deploy/victoriametrics/*.default; shards and vmalert send to one real Alertmanager. Beside them, one
 Prometheus over the same targets with every shipped rule file: what the dashboards must read alike.
 
+Shard 0 runs as an HA pair (two Prometheus servers with the same configuration): VictoriaMetrics keeps one
+of their identical series (-dedup.minScrapeInterval), Alertmanager one of their identical alerts.
+
 Faults: rack ``RACK_HOT`` (2 nodes) runs 10 °C hotter than the rest of its room on shard 0 -> one
 GpuwatchRackCooling, from shard 0; every GPU of room ``ROOM_HOT``, whose two racks hash to different
 shards, runs 20 °C hotter than the site -> one GpuwatchRoomCooling, from the global tier. Neither shard
@@ -22,6 +25,8 @@ import hashlib
 import json
 import math
 import re
+import shutil
+import subprocess
 import time
 import urllib.parse
 from pathlib import Path
@@ -107,6 +112,8 @@ def tier(tmp_path_factory):
             keep["regex"] = str(n)
             config["remote_write"] = [remote]
             shards.append(f.server(f"shard-{n}", config))
+            if n == 0:  # its HA replica: the same configuration, so the same series and alerts
+                shards.append(f.server("shard-0-replica", config))
         # the one Prometheus over the same targets, every shipped rule file, no Alertmanager
         single = f.server("single", {"global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
                                      "scrape_configs": [{"job_name": "gpuwatch", "scrape_interval": "2s",
@@ -123,8 +130,8 @@ def tier(tmp_path_factory):
         stopping.append(vmalert)
         store = Server("victoria-metrics", None, vm.base)
         wait_for(lambda: all(len(s.result('up{job="gpuwatch"} == 1'))
-                             == sum(shard_of(labels["rack"]) == n for _, _, labels in _layout())
-                             for n, s in enumerate(shards)), 60, "each shard to scrape its racks' targets")
+                             == sum(shard_of(labels["rack"]) == int(s.name[6]) for _, _, labels in _layout())
+                             for s in shards), 60, "each shard (and the replica) to scrape its racks' targets")
         yield f, shards, single, store, am, hook
     finally:
         f.stop()  # the shards first: they flush their remote_write queue to the store on the way out
@@ -172,6 +179,9 @@ def test_a_rack_fault_and_a_room_fault_across_shards_each_reach_alertmanager_onc
     for name in ("GpuwatchRackCooling", "GpuwatchRoomCooling"):
         notified = {tuple(sorted(a["labels"].items())) for a in hook.alerts(name, "firing")}
         assert len(notified) == 1, (name, notified)
+    # the replica fires it too, under the same labels: one alert all the same
+    assert [s["metric"]["rack"] for s in shards[1].result('ALERTS{alertname="GpuwatchRackCooling", '
+                                                          'alertstate="firing"}')] == [RACK_HOT]
     # no tier fires the other's: no room alert from a shard, no rack or node alert for the hot room
     assert not [s for shard in shards for s in shard.result('ALERTS{alertname="GpuwatchRoomCooling"}')]
     assert not _alertmanager(am, "GpuwatchNodeCooling")
@@ -286,3 +296,14 @@ def test_vmalert_records_from_the_shards_what_one_prometheus_records_from_the_no
         wait_for(all_agree, 60, "vmalert's recordings to agree with one Prometheus's")
     except AssertionError:
         raise AssertionError(f"(vmalert over VictoriaMetrics, one Prometheus) disagree: {wrong}") from None
+
+
+@pytest.mark.parametrize("path", [SHARDING / "global.rules.yml", SITE_RULES], ids=lambda p: p.name)
+def test_vmalert_parses_and_checks_the_site_rule_files_as_shipped(path):
+    """What vmalert.default loads, as shipped (not made quick): its parser and MetricsQL check both."""
+    vmalert = shutil.which("vmalert")
+    assert vmalert, "vmalert is missing: scripts/test installs it (Debian package victoria-metrics)"
+    result = subprocess.run([vmalert, "-dryRun", f"-rule={path}", "-rule.validateExpressions",
+                             "-rule.validateTemplates"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not re.search(r"\t(error|fatal)\t", result.stdout + result.stderr), result.stdout + result.stderr
