@@ -16,7 +16,8 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 
 # What the markers mean (pyproject.toml registers them): a test that starts one of these programs must
 # carry the marker, or it fails here; the inner loop is `pytest -m "not daemon and not stack"`.
-STACK_PROGRAMS = {"prometheus", "promtool", "prometheus-alertmanager", "alertmanager", "amtool"}
+STACK_PROGRAMS = {"prometheus", "promtool", "prometheus-alertmanager", "alertmanager", "amtool",
+                  "victoria-metrics", "vmalert", "vmagent"}
 _current: list[pytest.Item] = []
 
 

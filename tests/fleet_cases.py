@@ -140,6 +140,7 @@ def render() -> str:
         "#   .venv/bin/python tests/fleet_cases.py",
         "rule_files:",
         "  - ../gpuwatch.rules.yml",
+        "  - ../gpuwatch-site.rules.yml",
         "  - ../../deploy/prometheus/recording.rules.yml",
         "  - ../../deploy/prometheus/budgets.rules.yml",
         "",

@@ -31,8 +31,11 @@ import yaml
 from daemon import fake_env, stop_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+# what one Prometheus over the whole site loads; a shard of a sharded fleet all but SITE_RULES, which its
+# global tier loads instead (docs/scaling.md)
+SITE_RULES = ROOT / "alerts" / "gpuwatch-site.rules.yml"
 RULE_FILES = (ROOT / "alerts" / "gpuwatch.rules.yml", ROOT / "deploy" / "prometheus" / "recording.rules.yml",
-              ROOT / "deploy" / "prometheus" / "budgets.rules.yml")
+              ROOT / "deploy" / "prometheus" / "budgets.rules.yml", SITE_RULES)
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 MAX_SAMPLES = 50_000_000  # Prometheus' default --query.max-samples
 
@@ -197,7 +200,7 @@ class Fleet:
         return self.main
 
     def stop(self) -> None:
-        for server in self.servers:
+        for server in reversed(self.servers):  # the shards before the store they flush their remote_write to
             stop_process(server.process)
         for node in self.nodes.values():
             stop_process(node.process)
@@ -309,10 +312,11 @@ def quick(text: str, holds: bool = True) -> str:
     return re.sub(r"^(\s+)for: \S+$", r"\1for: 0s", text, flags=re.MULTILINE) if holds else text
 
 
-def rules_for_tests(work: Path) -> list[Path]:
-    """quick() copies of alerts/gpuwatch.rules.yml and deploy/prometheus/recording.rules.yml."""
+def rules_for_tests(work: Path, site: bool = True) -> list[Path]:
+    """quick() copies of alerts/gpuwatch.rules.yml and deploy/prometheus/recording.rules.yml, and (``site``:
+    one Prometheus over the whole site, not a shard) of alerts/gpuwatch-site.rules.yml."""
     copies = []
-    for path in RULE_FILES[:2]:
+    for path in (*RULE_FILES[:2], *([SITE_RULES] if site else [])):
         copy = work / path.name
         copy.write_text(quick(path.read_text()))
         copies.append(copy)

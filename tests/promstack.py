@@ -1,8 +1,11 @@
-"""Real Prometheus and Alertmanager on loopback for tests, and a webhook receiver to catch notifications."""
+"""Real Prometheus, Alertmanager, VictoriaMetrics and vmalert on loopback for tests, and a webhook receiver to
+catch notifications."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -26,7 +29,7 @@ def _binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise AssertionError(f"{name} is missing: scripts/test installs it (Debian packages prometheus, "
-                             "prometheus-alertmanager)")
+                             "prometheus-alertmanager, victoria-metrics)")
     return path
 
 
@@ -92,6 +95,52 @@ class Alertmanager(Process):
                           f"--storage.path={workdir / 'am'}", f"--web.listen-address={self.address}",
                           "--cluster.listen-address="], workdir / "alertmanager.log")
         wait_for(lambda: _get(f"http://{self.address}/-/ready")[0] == 200, 30, "Alertmanager to be ready")
+
+
+def default_args(path: Path) -> list[str]:
+    """The ARGS of an /etc/default file (deploy/victoriametrics/*.default) as argv words."""
+    text = path.read_text().replace("\\\n", "")  # a backslash-newline continues the line (shell, systemd)
+    match = re.search(r'^ARGS="([^"]*)"', text, re.MULTILINE)
+    assert match, f"no ARGS=\"...\" in {path}"
+    return shlex.split(match.group(1))
+
+
+def override(args: list[str], **flags: str | list[str]) -> list[str]:
+    """``args`` with each of ``flags`` (its name with _ for . : storageDataPath, datasource_url) set to the
+    value given (several values: the flag repeated), in place of the shipped value(s)."""
+    names = {name.replace("_", "."): value for name, value in flags.items()}
+    kept = [a for a in args if a.split("=", 1)[0].lstrip("-") not in names]
+    for name, value in names.items():
+        kept += [f"-{name}={v}" for v in ([value] if isinstance(value, str) else value)]
+    return kept
+
+
+class VictoriaMetrics(Process):
+    """VictoriaMetrics single-node with the shipped flags (deploy/victoriametrics/victoria-metrics.default),
+    its data directory and address on loopback here, and ``flags`` in place of the shipped ones."""
+
+    def __init__(self, workdir: Path, shipped: Path, **flags: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        args = override(default_args(shipped), storageDataPath=str(workdir / "vm"),
+                        httpListenAddr=f"127.0.0.1:{self.port}", **flags)
+        super().__init__([_binary("victoria-metrics"), *args], workdir / "victoria-metrics.log")
+        wait_for(lambda: _get(self.base + "/-/ready")[0] == 200, 30, "VictoriaMetrics to be ready")
+
+
+class VmAlert(Process):
+    """vmalert with the shipped flags (deploy/victoriametrics/vmalert.default) over ``rules``, reading and
+    writing ``store``, sending to ``alertmanager`` (host:port), and ``flags`` in place of the shipped ones."""
+
+    def __init__(self, workdir: Path, shipped: Path, rules: list[Path], store: str, alertmanager: str,
+                 **flags: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        args = override(default_args(shipped), rule=[str(p) for p in rules], datasource_url=store,
+                        remoteWrite_url=store, remoteRead_url=store, notifier_url=f"http://{alertmanager}",
+                        httpListenAddr=f"127.0.0.1:{self.port}", **flags)
+        super().__init__([_binary("vmalert"), *args], workdir / "vmalert.log")
+        wait_for(lambda: _get(self.base + "/-/ready")[0] == 200, 30, "vmalert to be ready")
 
 
 class Webhook:

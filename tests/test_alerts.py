@@ -24,6 +24,8 @@ YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser 
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERT_RULES = ROOT / "alerts" / "gpuwatch.rules.yml"
+# the room against the site: on one Prometheus beside ALERT_RULES, or on the global tier of a sharded fleet
+SITE_RULES = ROOT / "alerts" / "gpuwatch-site.rules.yml"
 ALERT_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yml"))
 PROM_DIR = ROOT / "deploy" / "prometheus"
 RECORDING_RULES = PROM_DIR / "recording.rules.yml"
@@ -67,23 +69,24 @@ def load(path: Path) -> dict:
 
 
 def fleet_alerts() -> dict[str, str]:
-    """The facility alerts (group gpuwatch-fleet) -> the label of the level they name."""
+    """The facility alerts (groups gpuwatch-fleet and gpuwatch-site) -> the label of the level they name."""
     found = {}
-    for group in load(ALERT_RULES)["groups"]:
-        if group["name"] == "gpuwatch-fleet":
-            for rule in group["rules"]:
+    for group in load(ALERT_RULES)["groups"] + load(SITE_RULES)["groups"]:
+        if group["name"] in ("gpuwatch-fleet", "gpuwatch-site"):
+            for rule in (r for r in group["rules"] if "alert" in r):
                 name = rule["alert"]
                 found[name] = next(level for level in ("Node", "Rack", "Room", "Pdu") if level in name).lower()
     return {name: "instance" if level == "node" else level for name, level in found.items()}
 
 
 def alerts() -> list[dict]:
-    return [rule for group in load(ALERT_RULES)["groups"] for rule in group["rules"] if "alert" in rule]
+    return [rule for path in (ALERT_RULES, SITE_RULES) for group in load(path)["groups"] for rule in group["rules"]
+            if "alert" in rule]
 
 
 def recording_rules() -> list[dict]:
     """Of the recording rule files and the alert rules' own (the GPU alerts' named anomalies)."""
-    return [rule for path in (RECORDING_RULES, GLOBAL_RULES, ALERT_RULES) for group in load(path)["groups"]
+    return [rule for path in (RECORDING_RULES, GLOBAL_RULES, ALERT_RULES, SITE_RULES) for group in load(path)["groups"]
             for rule in group["rules"] if "record" in rule]
 
 
@@ -146,7 +149,7 @@ def duration_seconds(text: str) -> float:
 
 
 @pytest.mark.stack
-@pytest.mark.parametrize("path", [ALERT_RULES, RECORDING_RULES, GLOBAL_RULES], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [ALERT_RULES, SITE_RULES, RECORDING_RULES, GLOBAL_RULES], ids=lambda p: p.name)
 def test_promtool_check_rules(promtool, path):
     rc, output = run(promtool, "check", "rules", "--lint=all", "--lint-fatal", path)
     assert rc == 0, output
@@ -174,13 +177,14 @@ def test_scrape_config_example_passes_promtool_check_config(promtool, tmp_path):
     (tmp_path / "rules").mkdir()
     shutil.copy(ALERT_RULES, tmp_path / "rules" / "gpuwatch.rules.yml")
     shutil.copy(RECORDING_RULES, tmp_path / "rules" / "gpuwatch-recording.rules.yml")
+    shutil.copy(SITE_RULES, tmp_path / "rules" / "gpuwatch-site.rules.yml")
     (tmp_path / "file_sd").mkdir()
     assert FILE_SD_EXAMPLES, "no file_sd example under deploy/prometheus/file_sd"
     for path in FILE_SD_EXAMPLES:
         shutil.copy(path, tmp_path / "file_sd" / path.name)
     rc, output = run(promtool, "check", "config", "prometheus.yml", cwd=tmp_path)
     assert rc == 0, output
-    assert "SUCCESS: 2 rule files found" in output, output
+    assert "SUCCESS: 3 rule files found" in output, output
     assert "warning" not in output.lower(), output  # e.g. a file_sd glob matching no file
 
 

@@ -59,7 +59,7 @@ def sharded(tmp_path_factory):
     f = new_fleet(work)
     try:
         f.node("node", gpus=2, jobs=1)  # a Slurm job on each node, with a host side (cgroup, process)
-        rules = rules_for_tests(work)
+        rules = rules_for_tests(work, site=False)  # a shard: the site rules are the global tier's
         budgets = work / "budgets.rules.yml"  # rack r1b: 2 nodes x 2 GPUs x 600 W = 2,400 W of 2,000 W
         budgets.write_text(yaml.safe_dump({"groups": [{"name": "budgets", "rules": [
             {"record": "rack:gpuwatch_power_budget_watts:declared", "expr": "vector(2000)", "labels": {"rack": "r1b"}},
