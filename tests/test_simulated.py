@@ -775,3 +775,20 @@ def test_the_simulator_honours_the_groups_options():
 def _first(backend):
     backend.open()
     return backend.discover()[0].identity.uuid
+
+
+def test_narrow_empties_the_unselected_groups_and_returns_a_sample_of_selected_ones_as_it_is():
+    """Selection.narrow runs on every GPU's sample of every poll: readings of groups that are off go back
+    to their empty defaults (a backend that reads everything), a sample that has none is not copied."""
+    from gpuwatch.groups import DEFAULT_ENABLED, fast_sample, slow_sample
+    from gpuwatch.groups.selection import Selection
+
+    selection = Selection.of(DEFAULT_ENABLED - {"thermal", "pcie"})
+    full = fast_sample(temperature_celsius=71.0, power_watts=300.0)
+    narrowed = selection.narrow(full)
+    assert narrowed.thermal == fast_sample().thermal and narrowed.power is full.power
+    assert selection.narrow(narrowed) is narrowed  # nothing unselected left: the same object
+    slow = slow_sample(pcie_replays=4, ecc_errors={"volatile_corrected": 1})
+    narrowed_slow = selection.narrow(slow)
+    assert narrowed_slow.pcie == slow_sample().pcie and narrowed_slow.ecc is slow.ecc
+    assert Selection.of(DEFAULT_ENABLED).narrow(full).thermal is full.thermal

@@ -222,22 +222,18 @@ def flat(sample: FastSample | SlowSample) -> dict[str, Any]:
             for name, (attr, sub) in table.items()}
 
 
-def only(sample: Any, enabled: frozenset[str]) -> Any:
-    """``sample`` with the readings of disabled groups back at their empty defaults."""
-    default = _DEFAULTS[type(sample)]
-    tier = "fast" if isinstance(sample, FastSample) else "slow"
-    changes = {}
-    for g in GROUPS:
-        attr = getattr(g, tier)
-        if g.name not in enabled and attr is not None and getattr(sample, attr) is not getattr(default, attr):
-            changes[attr] = getattr(default, attr)
-    return dataclasses.replace(sample, **changes) if changes else sample
+def unselected_defaults(kind: type, enabled: frozenset[str]) -> tuple[tuple[str, Any], ...]:
+    """(attribute, empty default) in ``kind`` (FastSample or SlowSample) of each group not in ``enabled``."""
+    default = _DEFAULTS[kind]
+    tier = "fast" if kind is FastSample else "slow"
+    return tuple((attr, getattr(default, attr)) for g in GROUPS
+                 if g.name not in enabled and (attr := getattr(g, tier)) is not None)
 
 
 __all__ = ["ALL", "BY_NAME", "DEFAULT_ENABLED", "FEATURES", "GROUPS", "HARDWARE_FEATURES",
            "SPECS", "FAST_HISTORY", "FastSample", "Selection",
            "GpuHost", "HostSample", "SlowSample",
-           "fast_sample", "flat", "only", "slow_sample"]
+           "fast_sample", "flat", "slow_sample", "unselected_defaults"]
 
 
 def _nothing(_: Any) -> tuple[()]:

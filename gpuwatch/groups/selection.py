@@ -28,6 +28,8 @@ class Selection:
     options: Mapping[str, Any]  # "<group>.<option>" -> value, every option of every group (defaults filled in)
     groups: tuple[Group, ...] = dataclasses.field(init=False)  # the selected groups, in the registry's order
     everything: bool = dataclasses.field(init=False)  # every group is selected
+    # sample type -> (attribute, empty default) of each unselected group with a reading in it (narrow)
+    _unselected: dict[type, tuple[tuple[str, Any], ...]] = dataclasses.field(init=False, repr=False)
 
     @classmethod
     def of(cls, enabled: Iterable[str] | None = None, options: Mapping[str, Any] | None = None) -> Selection:
@@ -42,6 +44,7 @@ class Selection:
 
         object.__setattr__(self, "groups", tuple(g for g in GROUPS if g.name in self.enabled))
         object.__setattr__(self, "everything", self.enabled >= ALL)
+        object.__setattr__(self, "_unselected", {})
 
     def __contains__(self, name: object) -> bool:
         return name in self.enabled
@@ -89,9 +92,17 @@ class Selection:
                     if "per-pid" in g.options and self.option(g.name, "per-pid")), default=0)
 
     def narrow(self, sample: Any) -> Any:
-        """A backend's sample with the readings of groups that are not selected at their empty defaults."""
+        """A backend's sample with the readings of groups that are not selected at their empty defaults.
+
+        Runs on every GPU's sample of every poll: the unselected groups' attributes and defaults are worked
+        out once per sample type, and a sample that holds nothing of them (the NVML backend's, which reads
+        the selected groups only) is returned as it is, without a copy."""
         if self.everything:
             return sample
-        from gpuwatch.groups import only
+        unselected = self._unselected.get(type(sample))
+        if unselected is None:
+            from gpuwatch.groups import unselected_defaults
 
-        return only(sample, self.enabled)
+            unselected = self._unselected[type(sample)] = unselected_defaults(type(sample), self.enabled)
+        changes = {attr: default for attr, default in unselected if getattr(sample, attr) is not default}
+        return dataclasses.replace(sample, **changes) if changes else sample
