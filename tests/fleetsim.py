@@ -269,6 +269,13 @@ def dashboard_queries(one_node: str) -> list[dict]:
     return queries
 
 
+def global_queries(one_node: str) -> list[dict]:
+    """The queries of the dashboards a global store serves (Fleet and Jobs: recorded series only)."""
+    queries = [q for q in dashboard_queries(one_node) if q["uid"] in ("gpuwatch-fleet", "gpuwatch-jobs")]
+    assert len(queries) > 40
+    return queries
+
+
 def _hours(text: str) -> float:
     match = re.fullmatch(r"now-(\d+)([mhd])", text)
     return 3.0 if not match else int(match.group(1)) * {"m": 1 / 60, "h": 1, "d": 24}[match.group(2)]
