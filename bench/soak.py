@@ -96,8 +96,14 @@ def proc_figures(pid: int) -> dict:
         if k:
             time.sleep(0.02)
         reads.append((len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))))
+    names: dict[str, int] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):  # what the threads are: Python's, gRPC's (event_engine, ...)
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+            names[name] = names.get(name, 0) + 1
     return {"rss_bytes": rss, "threads": min(t for t, _ in reads), "fds": min(f for _, f in reads),
-            "threads_max_read": max(t for t, _ in reads), "fds_max_read": max(f for _, f in reads)}
+            "threads_max_read": max(t for t, _ in reads), "fds_max_read": max(f for _, f in reads),
+            "thread_names": dict(sorted(names.items()))}
 
 
 def median(values: list[float]) -> float:
