@@ -452,13 +452,14 @@ class Poller:
         return self._selection.events
 
     def start(self) -> None:
-        scheduler = SteadyScheduler(
-            executors={"default": ThreadPoolExecutor(max_workers=4)},
+        jobs = self.jobs()
+        scheduler = SteadyScheduler(  # one worker per job at most: each runs one instance at a time
+            executors={"default": ThreadPoolExecutor(max_workers=len(jobs))},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone="UTC",
         )
         scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
-        for job_id, function, seconds, at_once in self.jobs():
+        for job_id, function, seconds, at_once in jobs:
             scheduler.add_job(function, "interval", seconds=seconds, id=job_id,
                               **({"next_run_time": _now()} if at_once else {}))
         scheduler.start()
