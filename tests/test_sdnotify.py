@@ -77,3 +77,19 @@ def test_daemon_notifies_ready_status_watchdog_and_stopping_even_with_a_wedged_g
     assert drain()[-1] == "STOPPING=1"
     assert [e for e in d.events() if e["event"] == "stopped"]
     sock.close()
+
+
+def test_the_daemon_freezes_what_it_built_and_collects_the_young_generation_less_often():
+    """What the run loop does once the first poll is done (gpuwatch.cli.run._tune_gc)."""
+    import gc
+
+    from gpuwatch.cli.run import GC_THRESHOLD_YOUNG, _tune_gc
+
+    before = gc.get_threshold()
+    try:
+        _tune_gc()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GC_THRESHOLD_YOUNG, before[1], before[2])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
