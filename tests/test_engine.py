@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gpuwatch.errors import ConfigError
-from gpuwatch.model import DiscoveredGpu, GpuState, NodeSnapshot, Observation
+from gpuwatch.model import DiscoveredGpu, GpuState, NodeSnapshot, Observation, SlowSample
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.base import GpuRule, needs
 from gpuwatch.rules.engine import Engine, build_configs, check_lookback
@@ -289,19 +289,20 @@ def test_history_copies_drop_what_no_rule_looks_back_at_and_share_equal_readings
     assert kept1.thermal == first.thermal and kept2.fans == again.fans
 
 
-def test_slow_history_copies_drop_the_poll_bookkeeping_and_share_equal_readings():
+def test_slow_history_copies_keep_what_rules_look_back_at_and_share_equal_readings():
     import dataclasses
 
-    from gpuwatch.rules.engine import _for_slow_history
+    from gpuwatch.rules.engine import SLOW_HISTORY, _for_slow_history
 
     first = dataclasses.replace(slow_sample(pcie_replays=3, ecc_errors={"volatile_corrected": 1}),
                                 errors=("timeout",), collected=(("ecc", 0.001, True),))
-    again = dataclasses.replace(slow_sample(pcie_replays=5, ecc_errors={"volatile_corrected": 1}),
-                                collected=(("ecc", 0.002, True),))
+    again = slow_sample(pcie_replays=3, ecc_errors={"volatile_corrected": 1})
+    third = slow_sample(pcie_replays=5)
     kept1 = _for_slow_history(first, None)
     kept2 = _for_slow_history(again, kept1)
-    assert kept1.errors == () and kept1.collected == () and kept2.collected == ()
-    assert kept1.pcie == first.pcie and kept1.ecc == first.ecc and kept1.thermal == first.thermal
-    assert kept2.ecc is kept1.ecc and kept2.thermal is kept1.thermal  # equal readings: shared
-    assert kept2.ecc is not again.ecc  # the new sample's own (equal) object is not kept
-    assert kept2.pcie is again.pcie and kept2.pcie.pcie_replays == 5  # a changed reading: its own
+    kept3 = _for_slow_history(third, kept2)
+    assert set(SLOW_HISTORY) == {"pcie", "nvlink"}  # what Window.slow_derive's rules read (health, interconnect)
+    assert kept1.pcie == first.pcie and kept1.nvlink == first.nvlink
+    assert kept1.ecc == SlowSample().ecc and kept1.errors == () and kept1.collected == ()  # not looked back at
+    assert kept2.pcie is kept1.pcie and kept2.pcie is not again.pcie  # equal readings: shared
+    assert kept3.pcie is third.pcie and kept3.pcie.pcie_replays == 5  # a changed reading: its own

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwatch.errors import ConfigError
@@ -65,20 +65,24 @@ def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
     return FastSample(*values)
 
 
-_SLOW_FIELDS = tuple(f.name for f in fields(SlowSample) if f.name not in ("errors", "collected"))
+# The slow readings the rules look back at (Window.slow_derive: PCIe replays, NVLink error counters); the
+# history keeps those of each past sample and leaves the others at their empty defaults (a GPU's process
+# list, MIG layout, limits: at a 1 s slow interval and 300 s of look-back, 300 copies a GPU otherwise).
+# Rules read the latest slow sample whole (Window.slow). A rule that looks back at another adds it here.
+SLOW_HISTORY = ("pcie", "nvlink")
 
 
 def _for_slow_history(sample: SlowSample, previous: SlowSample | None) -> SlowSample:
-    """The slow sample as the history keeps it: without the poll's errors and group timings (never looked
-    back at), each reading that equals the previous sample's shared with it (limits, thresholds and health
-    counters rarely change from one slow poll to the next: at 64 GPUs, ten samples of a dozen readings each
-    per GPU otherwise). Rules read the latest slow sample whole (``Window.slow``)."""
-    if previous is None:
-        return SlowSample(**{name: getattr(sample, name) for name in _SLOW_FIELDS})
+    """The slow sample as the history keeps it: the readings rules look back at (SLOW_HISTORY), each shared
+    with the previous sample's when equal (health counters rarely change from one slow poll to the next)."""
     values = {}
-    for name in _SLOW_FIELDS:
-        value, before = getattr(sample, name), getattr(previous, name)
-        values[name] = before if before is not value and before == value else value
+    for name in SLOW_HISTORY:
+        value = getattr(sample, name)
+        if previous is not None:
+            before = getattr(previous, name)
+            if before is not value and before == value:
+                value = before
+        values[name] = value
     return SlowSample(**values)
 
 
