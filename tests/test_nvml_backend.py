@@ -302,3 +302,15 @@ def test_a_library_copied_as_a_text_file_says_how_to_link_it(tmp_path):
     assert f"{lib / 'libnvidia-ml.so.1'} is not a library but a text file naming libnvidia-ml.so.550.163.01" \
         in down["hint"]
     assert f"ln -sf {lib / 'libnvidia-ml.so.550.163.01'} /tmp/nvml/libnvidia-ml.so.1" in down["hint"]
+
+
+def test_ctypes_layouts_are_made_once_not_per_reader():
+    """A ctypes class is a graph that only a full collection frees: readers made again at every MIG
+    reconfiguration and discovery (GPM samplers, fabric readers) share one class per layout."""
+    import pynvml as N
+
+    from gpuwatch.backends.nvml.gpm import _metrics_get_type
+    from gpuwatch.backends.nvml.structs import plain
+
+    assert plain(N.c_nvmlGpuFabricInfo_t) is plain(N.c_nvmlGpuFabricInfo_t)
+    assert _metrics_get_type() is _metrics_get_type()

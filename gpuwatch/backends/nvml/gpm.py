@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from typing import Any
 
@@ -10,6 +11,17 @@ import pynvml as N
 
 from gpuwatch.backends.nvml.structs import plain
 
+
+@functools.cache
+def _metrics_get_type() -> Any:
+    """nvmlGpmMetricsGet_t with plain metrics (structs.plain), made once: a sampler is made per GPU and per
+    MIG GPU instance, again at each reconfiguration."""
+    metric = plain(N.c_nvmlGpmMetric_t)
+    fields = [(name, kind) for name, kind in N.c_nvmlGpmMetricsGet_t._fields_ if name != "metrics"]
+    request = type("_GpmMetricsGet", (ctypes.Structure,),
+                   {"_fields_": [*fields, ("metrics", metric * N.NVML_GPM_METRIC_MAX)]})
+    assert ctypes.sizeof(request) == ctypes.sizeof(N.c_nvmlGpmMetricsGet_t)
+    return request
 
 class GpmPair:
     """GPM for one GPU (nvmlGpmMetricsGet over two samples): the two samples are allocated on the
@@ -25,12 +37,7 @@ class GpmPair:
         self._samples: list[Any] | None = None
         self._next = 0
         self._taken: float | None = None
-        metric = plain(N.c_nvmlGpmMetric_t)
-        fields = [(name, kind) for name, kind in N.c_nvmlGpmMetricsGet_t._fields_ if name != "metrics"]
-        request = type("_GpmMetricsGet", (ctypes.Structure,),
-                       {"_fields_": [*fields, ("metrics", metric * N.NVML_GPM_METRIC_MAX)]})
-        assert ctypes.sizeof(request) == ctypes.sizeof(N.c_nvmlGpmMetricsGet_t)
-        self._request = request()
+        self._request = _metrics_get_type()()
         self._request.version = N.NVML_GPM_METRICS_GET_VERSION
         self._request.numMetrics = len(metric_ids)
         for slot, mid in zip(self._request.metrics, metric_ids):

@@ -4,6 +4,7 @@ structures), with pynvml's own field lists: the same ABI as its wrappers."""
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import pynvml as N
@@ -11,9 +12,12 @@ import pynvml as N
 VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
+@functools.cache
 def plain(printable: Any) -> Any:
     """A plain ctypes type with the layout (``_fields_``) of one of pynvml's printable structures or
-    unions, whose Python __getattribute__ runs on every attribute read."""
+    unions, whose Python __getattribute__ runs on every attribute read. One per printable type, made once:
+    a ctypes class is a graph of a dozen objects that only a full garbage collection frees, and readers
+    are made again at each MIG reconfiguration and discovery (the soak saw the class count climb)."""
     base = ctypes.Union if issubclass(printable, ctypes.Union) else ctypes.Structure
     return type(f"_Plain{printable.__name__}", (base,), {"_fields_": printable._fields_})
 
