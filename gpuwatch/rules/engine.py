@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,16 +44,12 @@ _NOTHING = Observation(False)
 
 
 
-def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
-    """The sample as the history keeps it: each group's reading as its declaration says the look-back keeps it
-    (Group.history: without what no rule looks back at), and sharing each reading that equals the previous
-    sample's (an idle GPU's utilization, throttle counters and often temperatures stay put from poll to poll).
-
-    Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``, always
-    complete); dropping them from the copies kept for the look-back saves about a third of the history's
-    memory (docs/performance.md)."""
-    values = []
-    for name, keep in FAST_HISTORY:
+def _kept(kind: Any, table: Iterable[tuple[str, Callable[[Any], Any] | None]], sample: Any, previous: Any) -> Any:
+    """``sample`` as the history keeps it: the readings ``table`` names, each through its ``keep`` (None: as
+    it is), and each shared with the previous kept sample's when equal (an idle GPU's utilization, throttle
+    counters and health counters stay put from poll to poll); readings not named stay at their defaults."""
+    values = {}
+    for name, keep in table:
         value = getattr(sample, name)
         if keep is not None:
             value = keep(value)
@@ -61,8 +57,18 @@ def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
             before = getattr(previous, name)
             if before is not value and before == value:
                 value = before
-        values.append(value)
-    return FastSample(*values)
+        values[name] = value
+    return kind(**values)
+
+
+def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
+    """The fast sample as the history keeps it: each group's reading as its declaration says the look-back
+    keeps it (Group.history: without what no rule looks back at), equal readings shared.
+
+    Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``, always
+    complete); dropping them from the copies kept for the look-back saves about a third of the history's
+    memory (docs/performance.md)."""
+    return _kept(FastSample, FAST_HISTORY, sample, previous)
 
 
 # The slow readings the rules look back at (Window.slow_derive: PCIe replays, NVLink error counters); the
@@ -70,20 +76,13 @@ def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
 # list, MIG layout, limits: at a 1 s slow interval and 300 s of look-back, 300 copies a GPU otherwise).
 # Rules read the latest slow sample whole (Window.slow). A rule that looks back at another adds it here.
 SLOW_HISTORY = ("pcie", "nvlink")
+_SLOW_TABLE = tuple((name, None) for name in SLOW_HISTORY)
 
 
 def _for_slow_history(sample: SlowSample, previous: SlowSample | None) -> SlowSample:
-    """The slow sample as the history keeps it: the readings rules look back at (SLOW_HISTORY), each shared
-    with the previous sample's when equal (health counters rarely change from one slow poll to the next)."""
-    values = {}
-    for name in SLOW_HISTORY:
-        value = getattr(sample, name)
-        if previous is not None:
-            before = getattr(previous, name)
-            if before is not value and before == value:
-                value = before
-        values[name] = value
-    return SlowSample(**values)
+    """The slow sample as the history keeps it: the readings rules look back at (SLOW_HISTORY), equal
+    readings shared."""
+    return _kept(SlowSample, _SLOW_TABLE, sample, previous)
 
 
 def build_configs(rules: Sequence[Rule], raw: Mapping[str, Any] | None) -> dict[str, RuleConfig]:
