@@ -36,6 +36,10 @@ from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
 EVENT_WAIT_SECONDS = 1.0
+# The rules run after a fast poll at most about this often: at the default 2 s polls after every poll, at
+# 0.5 s polls after every fourth. Their hold times are 10 s and more (or they run every 5-10 s anyway), and
+# Prometheus sees their state at its scrape interval; a run costs about as much as reading the GPUs.
+RULES_EVERY_SECONDS = 2.0
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
 
@@ -132,6 +136,7 @@ class Poller:
         self._scheduler: BackgroundScheduler | None = None
         self._slow_due = True
         self._last_evaluated = float("-inf")
+        self._rules_every = max(fast_interval, RULES_EVERY_SECONDS)
         self._discovery_errors: list[str] = []  # counted with the poll that ran the discovery
         # events that can repeat every poll or thousands of times a second (XID storms)
         self._repeats = Repeats(self._log, monotonic=clock.monotonic)
@@ -213,7 +218,10 @@ class Poller:
     # -- polls -------------------------------------------------------------------------------
     def poll_fast(self) -> None:
         self._poll("fast")
-        self.evaluate()
+        # Due when the rules last ran about ``_rules_every`` ago (half a poll's tolerance for jitter): after
+        # every poll at 2 s and slower, after every fourth at 0.5 s.
+        if self._clock.monotonic() - self._last_evaluated >= self._rules_every - self._fast_interval / 2:
+            self.evaluate()
 
     @property
     def last_evaluated(self) -> float | None:
@@ -221,7 +229,8 @@ class Poller:
         return None if self._last_evaluated == float("-inf") else self._last_evaluated
 
     def evaluate(self) -> None:
-        """Run the rules: after every fast poll, and at the fast ticks skipped while a poll hangs."""
+        """Run the rules: after a fast poll (at most about every RULES_EVERY_SECONDS), and at the fast ticks
+        skipped while a poll hangs."""
         if self._evaluate is None:
             return
         self._last_evaluated = self._clock.monotonic()
@@ -359,10 +368,10 @@ class Poller:
 
     def _evaluate_if_due(self) -> None:
         """At a fast tick that the scheduler skips because the last fast poll still runs (a wedged NVML
-        call): the rules run here when no poll has run them for 1.5 intervals, so while polls hang they
-        run at most 2.5 intervals apart (the watchdog allows max(3 intervals, 10 s)), and node rules such
-        as collection_stalled fire. Never twice per poll otherwise."""
-        if self._clock.monotonic() - self._last_evaluated >= 1.5 * self._fast_interval:
+        call): the rules run here when they have not run for 1.5 times their cadence, so while polls hang
+        they run at most 1.5 cadences and a poll apart (the watchdog allows max(3 intervals, 10 s)), and
+        node rules such as collection_stalled fire."""
+        if self._clock.monotonic() - self._last_evaluated >= 1.5 * self._rules_every:
             self.evaluate()
 
     # -- XID events ----------------------------------------------------------------------------
@@ -431,8 +440,12 @@ class Poller:
             self._overrun_logged.add(tier)
             since = self._store.snapshot().tiers[tier].in_flight_since
             running = None if since is None else round(self._clock.monotonic() - since, 1)
-            self._log.warning("poll_overrun", tier=tier, running_seconds=running,
-                              hint="an NVML call is not returning (wedged driver?); data goes stale until it does")
+            # one line per overrun (the next poll to start re-arms it), at most 3 a minute per tier under a
+            # storm of short overruns (a busy host), then a summary line with ``repeated``
+            self._repeats.log("warning", "poll_overrun", ("poll_overrun", tier), tier=tier, running_seconds=running,
+                              hint="a poll is still running at its next tick, which is skipped: the host is busy, "
+                                   "or, if this repeats with growing running_seconds, an NVML call is not "
+                                   "returning (wedged driver?) and data goes stale until it does")
 
     def jobs(self) -> tuple[tuple[str, Callable[[], None], float, bool], ...]:
         """The scheduler's jobs: (id, function, interval in seconds, whether it runs at once rather than one
@@ -441,8 +454,8 @@ class Poller:
                 ("slow", self.poll_slow, self._slow_interval, False)]
         if self._host is not None:
             jobs.append(("host", self.poll_host, self._slow_interval, True))
-        # The rules run at the end of every fast poll; while a poll hangs, at each fast tick that the
-        # scheduler skips for it (_on_max_instances). No timer of their own: a wake-up of APScheduler
+        # The rules run at the end of a fast poll when due (poll_fast); while a poll hangs, at a fast tick
+        # that the scheduler skips for it (_on_max_instances). No timer of their own: a wake-up of APScheduler
         # costs about 0.5 ms of CPU (a cold one, measured on the bench's VM), as much as reading 3 GPUs.
         return tuple(jobs)
 

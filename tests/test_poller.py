@@ -147,7 +147,7 @@ def test_wedged_call_skips_runs_without_piling_up_and_resumes(capsys):
         seen: list[dict] = []
         wait_for(lambda: [e for e in seen.extend(log_events(capsys)) or seen if e["event"] == "poll_overrun"],
                  what="poll_overrun while the read is blocked")
-        wait_for(lambda: len(evaluations) >= 3, what="the rules to run at the skipped ticks")
+        wait_for(lambda: len(evaluations) >= 2, what="the rules to run at the skipped ticks (every 3 s)")
         assert backend.calls.get("read_fast", 0) == 1  # the first poll is still blocked: no poll ran them
         assert threading.active_count() < 20
         backend.block.set()
@@ -238,3 +238,50 @@ def test_rules_run_once_per_fast_poll_and_at_the_skipped_ticks_only_while_polls_
         skipped("fast")
     gaps = [b - a for a, b in zip(runs[4:], runs[5:])]  # from the last poll's run on
     assert len(gaps) >= 2 and max(gaps) <= 3 * 2.0
+
+
+def test_rules_run_about_every_2_s_at_faster_polls_and_while_such_polls_stall():
+    """At 0.5 s polls the rules run after every fourth poll (RULES_EVERY_SECONDS, half a poll of tolerance for
+    the polls' jitter), with the history of the latest samples; while a poll hangs, at the skipped ticks at
+    most 3 s apart, inside the watchdog's bound of max(3 intervals, 10 s)."""
+    clock = FakeClock()
+    backend = ScriptedBackend(1)
+    store = Store(clock, backend.name)
+    runs = []
+    poller = Poller(backend, store, clock, fast_interval=0.5, slow_interval=30.0,
+                    evaluate=lambda: runs.append(clock.monotonic()))
+    started = clock.monotonic()
+    for i in range(20):
+        poller.poll_fast()
+        clock.advance(0.5 + (0.1 if i % 2 else -0.1))  # the scheduler's jitter
+    assert [round(t - started, 1) for t in runs] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert backend.calls["read_fast"] == 20  # every poll still reads
+    clock.advance(0.4)
+    last = runs[-1]
+    for _ in range(20):  # a poll hangs: every fast tick is skipped
+        poller._on_max_instances(JobExecutionEvent(EVENT_JOB_MAX_INSTANCES, "fast", "default", None))
+        clock.advance(0.5)
+    gaps = [b - a for a, b in zip([last, *runs], runs) if b > last]
+    assert len(gaps) >= 3 and max(gaps) <= 3.5 <= max(3 * 0.5, 10.0)
+
+
+def test_a_storm_of_short_overruns_is_three_lines_a_minute_and_a_summary(capsys):
+    """A busy host makes short polls overrun now and then: each overrun is one poll_overrun line (the next
+    poll re-arms it), but at most 3 a minute per tier, then one line with how many were held back."""
+    clock, backend, store, poller = make(1)
+
+    def overrun() -> None:
+        poller.poll_fast()
+        poller._on_max_instances(JobExecutionEvent(EVENT_JOB_MAX_INSTANCES, "fast", "default", None))
+        poller._on_max_instances(JobExecutionEvent(EVENT_JOB_MAX_INSTANCES, "fast", "default", None))  # same overrun
+        clock.advance(2.0)
+
+    for _ in range(10):  # 20 s
+        overrun()
+    lines = [e for e in log_events(capsys) if e["event"] == "poll_overrun"]
+    assert len(lines) == 3 and all(e["tier"] == "fast" and "repeated" not in e for e in lines)
+    assert "host is busy" in lines[0]["hint"]
+    clock.advance(60.0)
+    overrun()
+    lines = [e for e in log_events(capsys) if e["event"] == "poll_overrun"]
+    assert [e.get("repeated") for e in lines] == [7, None]
