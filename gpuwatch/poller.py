@@ -36,10 +36,11 @@ from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
 EVENT_WAIT_SECONDS = 1.0
-# The rules run after a fast poll at most about this often: at the default 2 s polls after every poll, at
-# 0.5 s polls after every fourth. Their hold times are 10 s and more (or they run every 5-10 s anyway), and
-# Prometheus sees their state at its scrape interval; a run costs about as much as reading the GPUs.
-RULES_EVERY_SECONDS = 2.0
+# The rules run after a fast poll about this often: at the default 2 s polls after every other poll, at 0.5 s
+# polls after every eighth, at 4 s and slower after every poll. Their hold times are 10 s and more (the
+# health rules' 0 s holds read slow-tier readings, new every 30 s), Prometheus sees their state at its scrape
+# interval (15 s), and a run costs about as much as reading the GPUs (docs/performance.md).
+RULES_EVERY_SECONDS = 4.0
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
 
@@ -218,8 +219,7 @@ class Poller:
     # -- polls -------------------------------------------------------------------------------
     def poll_fast(self) -> None:
         self._poll("fast")
-        # Due when the rules last ran about ``_rules_every`` ago (half a poll's tolerance for jitter): after
-        # every poll at 2 s and slower, after every fourth at 0.5 s.
+        # Due when the rules last ran about ``_rules_every`` ago (half a poll's tolerance for the polls' jitter).
         if self._clock.monotonic() - self._last_evaluated >= self._rules_every - self._fast_interval / 2:
             self.evaluate()
 
@@ -368,10 +368,10 @@ class Poller:
 
     def _evaluate_if_due(self) -> None:
         """At a fast tick that the scheduler skips because the last fast poll still runs (a wedged NVML
-        call): the rules run here when they have not run for 1.5 times their cadence, so while polls hang
-        they run at most 1.5 cadences and a poll apart (the watchdog allows max(3 intervals, 10 s)), and
-        node rules such as collection_stalled fire."""
-        if self._clock.monotonic() - self._last_evaluated >= 1.5 * self._rules_every:
+        call): the rules run here when they have not run for their cadence, so while polls hang they run
+        at most a cadence and a poll apart, max(4 s, 1 interval) + 1 interval (the watchdog allows max(3
+        intervals, 10 s)), and node rules such as collection_stalled fire."""
+        if self._clock.monotonic() - self._last_evaluated >= self._rules_every:
             self.evaluate()
 
     # -- XID events ----------------------------------------------------------------------------

@@ -212,14 +212,15 @@ def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():
 
 
 def test_rules_run_once_per_fast_poll_and_at_the_skipped_ticks_only_while_polls_stall():
-    """The rules have no timer of their own: they run at the end of each fast poll, and when a fast tick
-    is skipped because the last poll still runs (a wedged call: APScheduler's max-instances event), at
-    that tick, within the watchdog's bound of 3 intervals. A skipped slow tick runs no rules."""
+    """The rules have no timer of their own: at 4 s polls and slower they run at the end of each fast poll,
+    and when a fast tick is skipped because the last poll still runs (a wedged call: APScheduler's
+    max-instances event), at that tick, within the watchdog's bound of 3 intervals. A skipped slow tick
+    runs no rules."""
     clock = FakeClock()
     backend = ScriptedBackend(1)
     store = Store(clock, backend.name)
     runs = []
-    poller = Poller(backend, store, clock, fast_interval=2.0, slow_interval=30.0,
+    poller = Poller(backend, store, clock, fast_interval=4.0, slow_interval=30.0,
                     evaluate=lambda: runs.append(clock.monotonic()))
     assert [job_id for job_id, *_ in poller.jobs()] == ["fast", "slow"]  # one wake-up per poll, no timer
 
@@ -228,41 +229,41 @@ def test_rules_run_once_per_fast_poll_and_at_the_skipped_ticks_only_while_polls_
 
     for _ in range(5):
         poller.poll_fast()  # its rules run at its end
-        clock.advance(1.99)
+        clock.advance(3.99)
         skipped("slow")  # a slow poll overran: not the rules' business
         clock.advance(0.01)
-    assert len(runs) == 5  # once per poll
-    # polls stall: each skipped fast tick runs the rules when no poll has for 1.5 intervals
+    assert len(runs) == 5  # once per poll (at 4 s polls and slower)
+    # polls stall: each skipped fast tick runs the rules when they have not run for their cadence (4 s)
     for _ in range(6):
-        clock.advance(2.0)
+        clock.advance(4.0)
         skipped("fast")
     gaps = [b - a for a, b in zip(runs[4:], runs[5:])]  # from the last poll's run on
-    assert len(gaps) >= 2 and max(gaps) <= 3 * 2.0
+    assert len(gaps) >= 2 and max(gaps) <= 3 * 4.0
 
 
-def test_rules_run_about_every_2_s_at_faster_polls_and_while_such_polls_stall():
-    """At 0.5 s polls the rules run after every fourth poll (RULES_EVERY_SECONDS, half a poll of tolerance for
-    the polls' jitter), with the history of the latest samples; while a poll hangs, at the skipped ticks at
-    most 3 s apart, inside the watchdog's bound of max(3 intervals, 10 s)."""
-    clock = FakeClock()
-    backend = ScriptedBackend(1)
-    store = Store(clock, backend.name)
-    runs = []
-    poller = Poller(backend, store, clock, fast_interval=0.5, slow_interval=30.0,
-                    evaluate=lambda: runs.append(clock.monotonic()))
-    started = clock.monotonic()
-    for i in range(20):
-        poller.poll_fast()
-        clock.advance(0.5 + (0.1 if i % 2 else -0.1))  # the scheduler's jitter
-    assert [round(t - started, 1) for t in runs] == [0.0, 2.0, 4.0, 6.0, 8.0]
-    assert backend.calls["read_fast"] == 20  # every poll still reads
-    clock.advance(0.4)
-    last = runs[-1]
-    for _ in range(20):  # a poll hangs: every fast tick is skipped
-        poller._on_max_instances(JobExecutionEvent(EVENT_JOB_MAX_INSTANCES, "fast", "default", None))
-        clock.advance(0.5)
-    gaps = [b - a for a, b in zip([last, *runs], runs) if b > last]
-    assert len(gaps) >= 3 and max(gaps) <= 3.5 <= max(3 * 0.5, 10.0)
+def test_rules_run_about_every_4_s_at_faster_polls_and_while_such_polls_stall():
+    """At 0.5 s polls the rules run after every eighth poll (RULES_EVERY_SECONDS, half a poll of tolerance for
+    the polls' jitter), at 2 s after every other one; while a poll hangs, at the skipped ticks at most 4.5 s
+    apart, inside the watchdog's bound of max(3 intervals, 10 s)."""
+    for interval in (0.5, 2.0):
+        clock = FakeClock()
+        backend = ScriptedBackend(1)
+        store = Store(clock, backend.name)
+        runs: list[float] = []
+        poller = Poller(backend, store, clock, fast_interval=interval, slow_interval=30.0,
+                        evaluate=lambda clock=clock, runs=runs: runs.append(clock.monotonic()))
+        started = clock.monotonic()
+        for i in range(round(16 / interval) + 1):
+            poller.poll_fast()
+            clock.advance(interval + (0.1 if i % 2 else -0.1) * interval)  # the scheduler's jitter
+        assert [round(t - started) for t in runs] == [0, 4, 8, 12, 16]
+        assert backend.calls["read_fast"] == round(16 / interval) + 1  # every poll still reads
+        last = runs[-1]
+        for _ in range(round(30 / interval)):  # a poll hangs: every fast tick is skipped
+            poller._on_max_instances(JobExecutionEvent(EVENT_JOB_MAX_INSTANCES, "fast", "default", None))
+            clock.advance(interval)
+        gaps = [b - a for a, b in zip([last, *runs], runs) if b > last]
+        assert len(gaps) >= 5 and max(gaps) <= 4.0 + interval + 0.2 <= max(3 * interval, 10.0)
 
 
 def test_a_storm_of_short_overruns_is_three_lines_a_minute_and_a_summary(capsys):

@@ -148,7 +148,7 @@ def test_docs_list_every_rule_with_its_defaults():
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[1] == rule.severity, rule.id
         assert cells[4] == f"{rule.hold_seconds:g} s" and cells[5] == f"{rule.clear_seconds:g} s", rule.id
-        assert cells[6] == (f"{rule.every_seconds:g} s" if rule.every_seconds else "every poll"), rule.id
+        assert cells[6] == (f"{rule.every_seconds:g} s" if rule.every_seconds else "each run"), rule.id
         for param in rule.params:
             assert f"`{param}`" in text, (rule.id, param)
 

@@ -10,8 +10,8 @@ unless that poll is hung, and the run stays deterministic; there the engine is e
 with the tick's time (like its timer).
 
 Timing expectations come from the scenario: the expected anomaly starts firing no later than
-onset + condition latency + hold + 2 polls (``Scenario.fires_by``) and is quiet again no later
-than end + recovery + clear + 2 polls (``Scenario.resolves_by``).
+onset + condition latency + hold + every + a run of the rules + 2 polls (``Scenario.fires_by``) and is
+quiet again no later than end + recovery + clear + every + a run + 2 polls (``Scenario.resolves_by``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from gpuwatch.backends.simulated import Fault, Scenario, SimulatedBackend, scena
 from gpuwatch.clock import FakeClock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.model import NodeInfo
-from gpuwatch.poller import Poller
+from gpuwatch.poller import RULES_EVERY_SECONDS, Poller
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.engine import Engine, build_configs
 from gpuwatch.store import Store
@@ -156,8 +156,8 @@ def test_every_rule_has_a_scenario_named_after_it():
 
 @pytest.mark.parametrize("name", FAULT_SCENARIOS)
 def test_scenario_fires_its_rule_in_time_and_resolves(name):
-    """The expected anomaly fires after the fault's onset and by onset + latency + hold + every + 2
-    polls, is quiet again by end + recovery + clear + every + 2 polls, and nothing else of warning or critical
+    """The expected anomaly fires after the fault's onset and by onset + latency + hold + every + a run of the
+    rules (4 s) + 2 polls, is quiet again by end + recovery + clear + every + a run + 2 polls, and nothing else of warning or critical
     severity fires anywhere but on the faulty GPU."""
     scenario = SCENARIOS[name]
     rule = RULES[scenario.rule]
@@ -169,11 +169,12 @@ def test_scenario_fires_its_rule_in_time_and_resolves(name):
     firing = run.firing(*key)
     assert firing, f"{rule.id} never fired on {key[1]}"
     first = firing[0]
-    fires_by = scenario.fires_by(config.hold_seconds + config.every_seconds, FAST)
+    # a rule's ``every`` counts from the runs of the rules (about every RULES_EVERY_SECONDS): one run more
+    fires_by = scenario.fires_by(config.hold_seconds + config.every_seconds + RULES_EVERY_SECONDS, FAST)
     assert scenario.onset_seconds + config.hold_seconds <= first <= fires_by, (
         f"{rule.id} first fired at {first:.0f} s; expected from "
         f"{scenario.onset_seconds + config.hold_seconds:.0f} to {fires_by:.0f} s")
-    resolved_by = scenario.resolves_by(config.clear_seconds + config.every_seconds, FAST)
+    resolved_by = scenario.resolves_by(config.clear_seconds + config.every_seconds + RULES_EVERY_SECONDS, FAST)
     assert resolved_by is not None and resolved_by <= scenario.duration_seconds
     late = [t for t in firing if t > resolved_by]
     assert not late, f"{rule.id} still firing at {late[0]:.0f} s, after {resolved_by:.0f} s"

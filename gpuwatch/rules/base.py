@@ -59,7 +59,7 @@ class Rule:
     over, with the tier of that history ("fast" or "slow"). The engine keeps ``rules.window``
     seconds of fast samples and refuses (ConfigError) a fast look-back longer than that; it keeps
     slow samples for the longest slow look-back.
-    ``every_seconds``: the rule is evaluated at most this often (0: after every poll). For rules
+    ``every_seconds``: the rule is evaluated at most this often (0: at each run of the rules). For rules
     whose condition is held for tens of seconds or more, or that read the slow tier only: they
     fire at most that much later, and cost that much less (docs/rules.md, "Evaluation").
     ``predicates``, ``columns``, ``derived``: the series the rule derives from the history, by

@@ -1,4 +1,4 @@
-"""The rule engine: runs after every fast poll and tracks each (rule, GPU) with hysteresis.
+"""The rule engine: runs after a fast poll about every 4 s and tracks each (rule, GPU) with hysteresis.
 
     quiet --condition--> pending --held for `hold`--> firing --false--> clearing --false for `clear`--> quiet
                 ^            |  false                     ^                |  true again
@@ -183,7 +183,7 @@ class Engine:
     setting). It keeps what the rules look back at: the longest enabled fast look-back, and at
     least ``min_history_seconds`` (the slow interval and a fast staleness bound: pcie_link_degraded
     finds the fast sample of the time the last slow sample was read), plus one fast staleness
-    bound; never more than the window. By default 66 s: at 0.5 s polls 123 samples per GPU, not 600.
+    bound; never more than the window. By default 66 s: one sample a run of the rules (about every 4 s), 17 per GPU.
 
     ``slow_staleness`` is the slow tier's staleness bound: the oldest read of the host groups a rule
     sees (Window.host_fresh; None: any age); slow samples are seen whatever their age (Window.slow).
@@ -288,7 +288,7 @@ class Engine:
     def evaluate(self, snap: NodeSnapshot, now: float | None = None, wall: float | None = None) -> tuple[Anomaly, ...]:
         """Feed the latest snapshot; returns the state of every evaluated (rule, GPU).
 
-        Runs after every fast poll, and at the fast ticks skipped while a poll hangs (``now``/``wall``:
+        Runs after a fast poll about every 4 s, and at the fast ticks skipped while a poll hangs (``now``/``wall``:
         the time of evaluation), so that node rules such as collection_stalled fire then.
         """
         with self._lock:
