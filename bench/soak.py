@@ -68,6 +68,8 @@ import fakenvml  # noqa: E402
 from daemon import fake_env, parse, stop_process, wait_for  # noqa: E402
 from fakehost import fake_process, pod_v2, proc_stat, slurm_v2_job  # noqa: E402
 
+from gpuwatch.web.server import KEPT_WORKERS  # noqa: E402
+
 OUT = ROOT / "bench" / "out"
 SCONTROL = str(ROOT / "tests" / "fakes" / "scontrol")
 NODE_NAME = "gpu07"
@@ -493,8 +495,10 @@ def run(args: argparse.Namespace) -> dict:
 # them): the main thread, APScheduler's scheduler thread, the events thread, one HTTP server thread per
 # listen address (one here), and the scheduler's pool, which starts a worker only when every one it has is
 # busy, up to one per job (gpuwatch.poller.Poller.jobs() with the host groups on: fast, slow, host). The
-# pool reaches its size the first time all jobs overlap, at any time: a bound, not growth.
-OWN_THREADS_MAX = 4 + 3
+# pool reaches its size the first time all jobs overlap, at any time: a bound, not growth. And the HTTP
+# listener's connection threads that wait for the next scrape (gpuwatch.web.server.KEPT_WORKERS: one while
+# the scrapes come one at a time, up to 4 after scrapes overlapped).
+OWN_THREADS_MAX = 4 + 3 + KEPT_WORKERS
 
 
 def thread_checks(names_after_warm_up: list[dict[str, int]]) -> list[str]:

@@ -83,3 +83,48 @@ def test_port_in_use_raises_oserror():
             HttpServers([f"127.0.0.1:{port}"], app)
     finally:
         first.close()
+
+
+def test_connection_threads_are_kept_for_the_next_scrape_and_bounded():
+    """Sequential scrapes are served by one kept thread (no thread start per scrape); a burst of slow requests
+    gets a thread each, of which at most KEPT_WORKERS stay; close ends the kept ones."""
+    import threading
+
+    from daemon import wait_for
+
+    from gpuwatch.web.server import KEPT_WORKERS
+
+    release = threading.Event()
+    served: list[int] = []
+
+    def app(environ, start_response):
+        served.append(threading.get_ident())
+        if environ["PATH_INFO"] == "/slow":
+            release.wait(10)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok\n"]
+
+    def conns():
+        return [t for t in threading.enumerate() if t.name == "gpuwatch-http-conn"]
+
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    host, port = servers.servers[0].server_address[:2]
+    try:
+        for _ in range(10):
+            assert get(f"http://{host}:{port}/")[0] == 200
+        assert len(set(served)) == 1 and len(conns()) == 1
+        burst = [threading.Thread(target=get, args=(f"http://{host}:{port}/slow",)) for _ in range(KEPT_WORKERS + 4)]
+        for t in burst:
+            t.start()
+        wait_for(lambda: len(served) == 10 + len(burst), what="every slow request in the app at once")
+        assert len(conns()) == KEPT_WORKERS + 4
+        release.set()
+        for t in burst:
+            t.join(10)
+        wait_for(lambda: len(conns()) == KEPT_WORKERS, what="the threads beyond the kept ones to end")
+        assert get(f"http://{host}:{port}/")[0] == 200 and len(conns()) == KEPT_WORKERS
+    finally:
+        release.set()
+        servers.close()
+    wait_for(lambda: not conns(), what="close to end the kept threads")
