@@ -367,8 +367,8 @@ class HttpServers:
         threads = getattr(self, "_threads", [None] * len(self.servers))
         for server, thread in zip(self.servers, threads):
             try:
+                server.stop()  # type: ignore[attr-defined]  # also ends the kept connection threads
                 if thread is not None and thread.is_alive():
-                    server.stop()  # type: ignore[attr-defined]
                     thread.join(timeout=5)
             finally:
                 server.server_close()
