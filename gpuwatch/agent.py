@@ -132,9 +132,13 @@ class Agent:
         self.host = make_host_reader(config, self.backend, self.clock, self.selection)
         self.poller = Poller(self.backend, self.store, self.clock, config.poll_interval, config.poll_slow_interval,
                              evaluate=self.evaluate_rules, attribute=attribute, selection=self.selection,
+                             remember=self.remember_samples,
                              host=self.host)
         self.exposition = build_exposition(self.store.snapshot, self.clock, config.staleness, selection=self.selection)
         self.http: HttpServers | None = None
+
+    def remember_samples(self) -> None:
+        self.engine.remember(self.store.snapshot())
 
     def evaluate_rules(self) -> None:
         anomalies = self.engine.evaluate(self.store.snapshot(), self.clock.monotonic(), self.clock.wall())

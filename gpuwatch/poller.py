@@ -39,7 +39,8 @@ EVENT_WAIT_SECONDS = 1.0
 # The rules run after a fast poll about this often: at the default 2 s polls after every other poll, at 0.5 s
 # polls after every eighth, at 4 s and slower after every poll. Their hold times are 10 s and more (the
 # health rules' 0 s holds read slow-tier readings, new every 30 s), Prometheus sees their state at its scrape
-# interval (15 s), and a run costs about as much as reading the GPUs (docs/performance.md).
+# interval (15 s), and a run costs about as much as reading the GPUs (docs/performance.md). Every poll's samples
+# still go into the history the rules look back at (``remember``): their windows are as if they ran every poll.
 RULES_EVERY_SECONDS = 4.0
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
@@ -104,6 +105,7 @@ class Poller:
         attribute: Callable[[GpuIdentity, tuple[GpuProcess, ...] | None], tuple[ProcessInfo, ...]] | None = None,
         selection: Selection | None = None,
         host: Callable[[Sequence[GpuState]], HostSample] | None = None,
+        remember: Callable[[], None] | None = None,
     ) -> None:
         self._backend = backend
         self._store = store
@@ -111,6 +113,7 @@ class Poller:
         self._fast_interval = fast_interval
         self._slow_interval = slow_interval
         self._evaluate = evaluate
+        self._remember = remember  # keeps a poll's samples for the rules' look-back when they do not run
         self._attribute = attribute
         self._host = host
         self._host_overrun_logged = False
@@ -222,6 +225,12 @@ class Poller:
         # Due when the rules last ran about ``_rules_every`` ago (half a poll's tolerance for the polls' jitter).
         if self._clock.monotonic() - self._last_evaluated >= self._rules_every - self._fast_interval / 2:
             self.evaluate()
+        elif self._remember is not None:
+            try:
+                self._remember()
+            except Exception as exc:  # a bug: the polls go on, the next run of the rules says more
+                self._repeats.log("error", "rules_failed", ("remember_failed",),
+                                  error=f"{type(exc).__name__}: {exc}", exc_info=True)
 
     @property
     def last_evaluated(self) -> float | None:

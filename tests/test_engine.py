@@ -306,3 +306,28 @@ def test_slow_history_copies_keep_what_rules_look_back_at_and_share_equal_readin
     assert kept1.ecc == SlowSample().ecc and kept1.errors == () and kept1.collected == ()  # not looked back at
     assert kept2.pcie is kept1.pcie and kept2.pcie is not again.pcie  # equal readings: shared
     assert kept3.pcie is third.pcie and kept3.pcie.pcie_replays == 5  # a changed reading: its own
+
+
+def test_the_history_keeps_every_polls_sample_while_the_rules_run_every_4_s():
+    """At 0.5 s polls the rules run after every eighth poll, but every poll's fast sample goes into the
+    history they look back at: windowed shares, medians and the fast sample nearest a slow read (the
+    PCIe rule) see the same samples as if the rules ran after every poll."""
+    import dataclasses
+
+    from gpuwatch.agent import Agent
+    from gpuwatch.config import Config
+    from gpuwatch.testing import ScriptedBackend
+
+    clock = FakeClock()
+    backend = ScriptedBackend(gpus=2)
+    agent = Agent(dataclasses.replace(Config(), poll_interval=0.5), clock=clock, backend=backend)
+    runs = []
+    evaluate = agent.engine.evaluate
+    agent.engine.evaluate = lambda *a, **k: runs.append(clock.monotonic()) or evaluate(*a, **k)  # type: ignore[method-assign]
+    for _ in range(33):
+        agent.poller.poll_fast()
+        clock.advance(0.5)
+    assert len(runs) == 5  # 0, 4, 8, 12, 16 s
+    uuid = backend.gpus[0].identity.uuid
+    times = [t for t, _ in agent.engine._history[uuid].items]
+    assert len(times) == 33 and all(abs(b - a - 0.5) < 1e-9 for a, b in zip(times, times[1:]))

@@ -111,8 +111,11 @@ def test_connection_threads_are_kept_for_the_next_scrape_and_bounded():
     servers.start()
     host, port = servers.servers[0].server_address[:2]
     try:
+        server = servers.servers[0]
         for _ in range(10):
             assert get(f"http://{host}:{port}/")[0] == 200
+            # the client has its bytes before the thread is back waiting: wait for it, then scrape again
+            wait_for(lambda: server._idle == 1, what="the connection's thread to wait for the next one")
         assert len(set(served)) == 1 and len(conns()) == 1
         burst = [threading.Thread(target=get, args=(f"http://{host}:{port}/slow",)) for _ in range(KEPT_WORKERS + 4)]
         for t in burst:

@@ -35,8 +35,9 @@ def exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
     stuck = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
     if stuck:
-        logs.get_logger(component="main").warning("exit_with_busy_threads", threads=stuck,
-                                                   hint="an NVML call did not return; check the GPUs with nvidia-smi")
+        hint = ("a scrape was still being served (a slow client)" if all(n == "gpuwatch-http-conn" for n in stuck)
+                else "an NVML call did not return; check the GPUs with nvidia-smi")
+        logs.get_logger(component="main").warning("exit_with_busy_threads", threads=stuck, hint=hint)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)

@@ -183,7 +183,7 @@ class Engine:
     setting). It keeps what the rules look back at: the longest enabled fast look-back, and at
     least ``min_history_seconds`` (the slow interval and a fast staleness bound: pcie_link_degraded
     finds the fast sample of the time the last slow sample was read), plus one fast staleness
-    bound; never more than the window. By default 66 s: one sample a run of the rules (about every 4 s), 17 per GPU.
+    bound; never more than the window. By default 66 s: at 0.5 s polls 123 samples per GPU, not 600.
 
     ``slow_staleness`` is the slow tier's staleness bound: the oldest read of the host groups a rule
     sees (Window.host_fresh; None: any age); slow samples are seen whatever their age (Window.slow).
@@ -284,6 +284,13 @@ class Engine:
             history.trim(fast_horizon)
             slow.trim(slow_horizon)
         self._most_gpus = max(self._most_gpus, snap.visible_gpus)
+
+    def remember(self, snap: NodeSnapshot) -> None:
+        """Keep the snapshot's new samples in the history without evaluating: after each fast poll that does
+        not run the rules, so the windows the rules look back at have every poll's sample (shares, medians,
+        the fast sample nearest a slow read), as if the rules ran after every poll."""
+        with self._lock:
+            self._remember(snap)
 
     def evaluate(self, snap: NodeSnapshot, now: float | None = None, wall: float | None = None) -> tuple[Anomaly, ...]:
         """Feed the latest snapshot; returns the state of every evaluated (rule, GPU).
