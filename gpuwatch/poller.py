@@ -36,11 +36,7 @@ from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
 EVENT_WAIT_SECONDS = 1.0
-# The rules run after a fast poll about this often: at the default 2 s polls after every other poll, at 0.5 s
-# polls after every eighth, at 4 s and slower after every poll. Their hold times are 10 s and more (the
-# health rules' 0 s holds read slow-tier readings, new every 30 s), Prometheus sees their state at its scrape
-# interval (15 s), and a run costs about as much as reading the GPUs (docs/performance.md). Every poll's samples
-# still go into the history the rules look back at (``remember``): their windows are as if they ran every poll.
+# The rules run after a fast poll about this often (docs/rules.md); every poll's samples go into their history.
 RULES_EVERY_SECONDS = 4.0
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
@@ -113,7 +109,7 @@ class Poller:
         self._fast_interval = fast_interval
         self._slow_interval = slow_interval
         self._evaluate = evaluate
-        self._remember = remember  # keeps a poll's samples for the rules' look-back when they do not run
+        self._remember = remember  # a poll's samples into the rules' history when they do not run
         self._attribute = attribute
         self._host = host
         self._host_overrun_logged = False
@@ -222,15 +218,13 @@ class Poller:
     # -- polls -------------------------------------------------------------------------------
     def poll_fast(self) -> None:
         self._poll("fast")
-        # Due when the rules last ran about ``_rules_every`` ago (half a poll's tolerance for the polls' jitter).
         if self._clock.monotonic() - self._last_evaluated >= self._rules_every - self._fast_interval / 2:
             self.evaluate()
         elif self._remember is not None:
             try:
                 self._remember()
-            except Exception as exc:  # a bug: the polls go on, the next run of the rules says more
-                self._repeats.log("error", "rules_failed", ("remember_failed",),
-                                  error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            except Exception as exc:  # a bug: the polls go on
+                self._repeats.log("error", "rules_failed", ("remember_failed",), error=repr(exc), exc_info=True)
 
     @property
     def last_evaluated(self) -> float | None:
@@ -376,10 +370,8 @@ class Poller:
         return ""
 
     def _evaluate_if_due(self) -> None:
-        """At a fast tick that the scheduler skips because the last fast poll still runs (a wedged NVML
-        call): the rules run here when they have not run for their cadence, so while polls hang they run
-        at most a cadence and a poll apart, max(4 s, 1 interval) + 1 interval (the watchdog allows max(3
-        intervals, 10 s)), and node rules such as collection_stalled fire."""
+        """At a fast tick skipped because the last fast poll still runs (a wedged NVML call): the rules run
+        here when they have not run for their cadence (within the watchdog's max(3 intervals, 10 s))."""
         if self._clock.monotonic() - self._last_evaluated >= self._rules_every:
             self.evaluate()
 
@@ -501,7 +493,6 @@ class Poller:
                 self._backend.close()
             finally:
                 self._lifecycle.release()
-
 
 def _now():
     from datetime import datetime, timezone
