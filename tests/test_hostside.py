@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -341,3 +342,45 @@ def test_malformed_cgroup_files_cost_their_own_reading_only(tmp_path):
     usage = JobsReader(str(proc), FakeClock().monotonic, node_cpus=64.0).read(cgroups.scan(root))[0]
     assert usage.processes == 1 and usage.cpus == 64.0 and usage.cpu_seconds[0] == 1.0
     assert cgroups.count_cpu_list("0-3,8,x,9-7,10-11") == 7
+
+
+KUBELET_WITHOUT_GRPC = """
+import json, sys
+if sys.argv[2] == "blocked":
+    sys.modules["grpc"] = None  # grpcio not installed
+from gpuwatch import logs
+logs.configure("info", "json")
+from gpuwatch.hostside import KubeletPods
+errors = []
+pods = KubeletPods(sys.argv[1], 1.0, errors)
+first, second = pods.read([]), pods.read([])
+print(json.dumps({"reads": [first, second], "errors": errors, "grpc": sys.modules.get("grpc") is not None}))
+"""
+
+
+@pytest.mark.parametrize("socket", ["missing", "present"])
+def test_grpcio_is_imported_only_where_the_kubelet_socket_is(tmp_path, socket):
+    """grpcio and protobuf cost about 10 MB: a node without a kubelet never imports them; where the socket is
+    and grpcio is not installed, the group says so once (kubernetes_off, no_grpcio) and is no error."""
+    path = tmp_path / "kubelet.sock"
+    if socket == "present":
+        import socket as sockets
+
+        server = sockets.socket(sockets.AF_UNIX)
+        server.bind(str(path))
+    for mode in ("blocked", "installed") if socket == "present" else ("installed",):
+        done = subprocess.run([sys.executable, "-c", KUBELET_WITHOUT_GRPC, str(path), mode],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout.splitlines()[-1])
+        events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+        assert out["reads"] == [None, None]
+        if socket == "missing":
+            assert out == {"reads": [None, None], "errors": [], "grpc": False}
+            assert [(e["event"], e["reason"]) for e in events] == [("kubernetes_off", "no_socket")]
+        elif mode == "blocked":
+            assert out["errors"] == [] and out["grpc"] is False
+            assert [(e["event"], e["reason"]) for e in events] == [("kubernetes_off", "no_grpcio")]
+            assert "gpuwatch[kubernetes]" in events[0]["hint"]
+        else:  # a socket that is no kubelet: grpcio is imported to ask it, and the failure is counted
+            assert out["grpc"] is True and out["errors"]

@@ -332,13 +332,13 @@ client.close()
 """
 
 
-def test_imports_without_grpcio(sock):
+def test_imports_without_grpcio(sock, fake):  # a kubelet is there: the socket is looked at before grpcio
     done = subprocess.run([sys.executable, "-c", NO_GRPC, sock], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no_grpcio"
 
 
-def test_imports_with_grpc_set_to_none_in_sys_modules(sock):
+def test_imports_with_grpc_set_to_none_in_sys_modules(sock, fake):  # a kubelet is there: the socket is looked at before grpcio
     code = ("import sys; sys.modules['grpc'] = None\n"
             "from gpuwatch.hostside import kubelet\n"
             "assert not kubelet.grpc_available()\n"
@@ -353,7 +353,7 @@ def test_grpc_available_here():
     assert kubelet.grpc_available() is True
 
 
-def test_too_old_protobuf_runtime_is_no_grpcio(sock):
+def test_too_old_protobuf_runtime_is_no_grpcio(sock, fake):  # a kubelet is there: the socket is looked at before grpcio
     """protobuf older than the generated code demands (its ValidateProtobufRuntimeVersion) is reason no_grpcio."""
     code = ("import sys\nfrom google.protobuf import runtime_version\nruntime_version.MAJOR = 5\n"
             "from gpuwatch.hostside import kubelet\n"

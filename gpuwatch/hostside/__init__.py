@@ -27,17 +27,14 @@ class KubeletPods:
     """The kubernetes group's reader: the kubelet's allocations mapped to GPUs and MIG instances."""
 
     def __init__(self, socket_path: str, timeout: float, errors: list[tuple[str, str]]) -> None:
-        from gpuwatch.hostside.kubelet import PodResourcesClient, grpc_available
+        from gpuwatch.hostside.kubelet import PodResourcesClient
 
-        self._client = PodResourcesClient(socket_path, timeout) if grpc_available() else None
+        # grpcio is imported by the first call that finds the kubelet's socket: never on a node without one
+        self._client: Any = PodResourcesClient(socket_path, timeout)
         self._errors = errors
         self._failing: str | None = None
         self._unknown_logged: set[str] = set()
         self._log = get_logger(component="kubernetes")
-        if self._client is None:
-            self._log.info("kubernetes_off", reason="no_grpcio",
-                           hint="pip install 'gpuwatch[kubernetes]' for pod labels from the kubelet; "
-                                "or --no-collector.kubernetes")
 
     def read(self, gpus: Sequence[GpuState]) -> tuple[tuple[PodAllocation, ...], bool] | None:
         """(allocations, complete): complete unless an nvidia.com device id named no GPU or MIG device
@@ -49,6 +46,10 @@ class KubeletPods:
         try:
             devices = self._client.list_devices()
         except KubeletUnavailable as exc:
+            if exc.reason == "no_grpcio":  # not installed (or too old): for good, not an error of the kubelet
+                self._log.info("kubernetes_off", reason=exc.reason, error_detail=str(exc), hint=exc.hint)
+                self._client = None
+                return None
             if exc.reason != "no_socket":  # no kubelet on this node is a fact, not an error
                 self._errors.append(("kubernetes", f"kubelet_{exc.reason}"))
             if self._failing != exc.reason:

@@ -139,8 +139,8 @@ class PodResourcesClient:
 
     def list_devices(self) -> list[PodDevice]:
         """The NVIDIA devices the pods on this node hold; raises KubeletUnavailable."""
+        self._check_socket()  # first: a node without a kubelet never imports grpcio (about 10 MB of RSS)
         grpc, api_pb2, api_pb2_grpc = _modules()
-        self._check_socket()
         channel, stub = self._connect(grpc, api_pb2_grpc)
         try:
             response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
