@@ -24,7 +24,20 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, TextIO
 
-import structlog
+# structlog.dev imports rich, better_exceptions and colorama at import time where they are installed
+# (most ML nodes have rich and colorama), for pretty tracebacks and Windows colours in its
+# ConsoleRenderer: about 5 MB of RSS and 90 modules in a daemon that writes JSON lines. They are
+# hidden while structlog loads (the console format then prints plain tracebacks) and visible again
+# afterwards to anything else in the process.
+_HIDDEN = [name for name in ("rich", "better_exceptions", "colorama") if name not in sys.modules]
+for _name in _HIDDEN:
+    sys.modules[_name] = None  # type: ignore[assignment]  # None: "import rich" raises ImportError
+try:
+    import structlog
+finally:
+    for _name in _HIDDEN:
+        if sys.modules.get(_name, 0) is None:
+            del sys.modules[_name]
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("json", "console")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 
 from gpuwatch import logs
 from gpuwatch.clock import FakeClock
@@ -74,3 +76,31 @@ def test_repeats_writes_the_summary_before_the_next_event_after_the_interval():
     repeats.log("error", "poll_failed", ("fast", "GPU-a"), gpu="0", error="ValueError: x", exc_info=False)
     assert [e.get("repeated") for e in lines(stream)] == [None, 4, None]
     assert "exc_info" not in lines(stream)[1]
+
+
+OPTIONAL_PRETTY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpuwatch.logs as logs
+loaded = sorted(n for n in ("rich", "better_exceptions", "colorama") if sys.modules.get(n) is not None)
+import rich  # still there for anything else in the process
+logs.configure("info", "console")
+try:
+    1 / 0
+except ZeroDivisionError:
+    logs.get_logger(component="test").exception("boom")
+print(loaded, rich.MARK)
+"""
+
+
+def test_structlog_loads_without_the_pretty_printers_it_would_import(tmp_path):
+    """structlog.dev imports rich, better_exceptions and colorama where installed (~5 MB): gpuwatch hides them
+    while structlog loads; they stay importable, and the console format prints a plain traceback."""
+    for name in ("rich", "better_exceptions", "colorama"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"MARK = {name!r}\n")
+    done = subprocess.run([sys.executable, "-c", OPTIONAL_PRETTY, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] rich"
+    assert "boom" in done.stderr and "ZeroDivisionError" in done.stderr
