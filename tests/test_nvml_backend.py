@@ -271,6 +271,43 @@ def test_a_disabled_group_makes_no_nvml_call_and_exports_nothing(inproc):
     assert d.value("gpuwatch_temperature_celsius", **labels(node, 0, sensor="gpu")) == node.gpus[0].temperature
 
 
+def test_the_energy_counter_is_read_by_the_slow_tier_and_carried_by_the_fast_samples(inproc):
+    """Field 83 costs ~3 ms of CPU per read on a real H200 (docs/hardware.md): it is read at discovery and by
+    each slow poll, and the fast polls in between export the latest value, not a fresh read."""
+    node = fakenvml.FakeNode.h200(1)
+    g = node.gpus[0]
+    d = inproc(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    assert d.value("gpuwatch_energy_joules_total", **labels(node, 0)) == g.energy_mj / 1000
+    before = g.energy_mj
+    g.energy_mj, g.power_mw = before + 4_000_000, g.power_mw + 50_000
+    d.fx.write(node)
+    d.wait_value("gpuwatch_power_watts", g.power_mw / 1000, **labels(node, 0))  # a fast poll saw the new state
+    assert d.value("gpuwatch_energy_joules_total", **labels(node, 0)) == before / 1000
+    d.advance(d.config.poll_slow_interval)
+    d.wait_value("gpuwatch_energy_joules_total", g.energy_mj / 1000, **labels(node, 0))
+    assert d.value("gpuwatch_poll_errors_total", tier="slow", error="not_supported") is None
+
+
+def test_a_field_that_answers_only_in_the_discoverys_big_batch_is_not_read(inproc):
+    """Seen on a real H200 (R580.159): the power-smoothing lifetime (field 258) answered a double 0.0 in the
+    discovery's one batch of every field, NOT_SUPPORTED alone and in the slow tier's batch, so every slow poll
+    counted an error and gpuwatch_collector_success{group="power"} stayed 0. A moved field is confirmed alone."""
+    node = fakenvml.FakeNode.h200(1, driver_version="580.159.04", nvml_version="13.580.159.04")
+    g = node.gpus[0]
+    g.nvlink_states, g.fabric = [], None  # as that machine: one H200 passed through to a VM, no NVLink
+    g.set_field(258, 0.0, type="d")
+    g.field_min_batch[258] = 20  # the discovery asks 35 ids at once, the slow tier 15
+    d = inproc(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    d.advance(d.config.poll_slow_interval)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    assert d.value("gpuwatch_collector_success", group="power") == 1
+    assert d.value("gpuwatch_poll_errors_total", tier="slow", error="not_supported") is None
+    assert d.value("gpuwatch_power_smoothing_lifetime_remaining_ratio", **labels(node, 0)) is None
+    assert d.value("gpuwatch_gpu_feature_supported", **labels(node, 0, feature="power_smoothing")) is None
+
+
 def test_a_failing_reading_marks_its_group_not_the_others(inproc):
     """An error in one group's call on one GPU: that group's collector_success is 0, the others 1."""
     node = fakenvml.FakeNode.h200(2)

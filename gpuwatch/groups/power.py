@@ -1,8 +1,12 @@
 """power: power draw, energy, P-state (fast) and the power limits (slow).
 
 Fast tier: the average power draw from field 185 (NVML_FI_DEV_POWER_AVERAGE, scope GPU, R535+) in the
-tier's one field-values batch, else nvmlDeviceGetPowerUsage; energy from field 83; the P-state from
-nvmlDeviceGetPerformanceState. Slow tier: nvmlDeviceGetEnforcedPowerLimit,
+tier's one field-values batch, else nvmlDeviceGetPowerUsage; the P-state from
+nvmlDeviceGetPerformanceState. The energy counter (field 83) is read in the slow tier's batch and each
+fast sample carries the latest value: on a real H200 (R580, GSP firmware) that one field costs about
+3 ms of CPU per read, three times everything else a fast poll reads (docs/hardware.md), and a counter
+read every 30 s gives rate() over 5 minutes all it needs (dcgm-exporter collects it every 30 s).
+Slow tier: nvmlDeviceGetEnforcedPowerLimit,
 GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints; on Blackwell boards with power
 smoothing, the smoothing circuitry's remaining lifetime in percent (field
 NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, whose id depends on the driver branch:
@@ -63,7 +67,9 @@ class Nvml:
         self.average = dev.field(_POWER_AVERAGE, "fast")
         usage = dev.call("nvmlDeviceGetPowerUsage")
         self.usage = usage if not self.average and dev.supported(usage) else None
-        self.energy = dev.field(_ENERGY, "fast")
+        self.energy = dev.field(_ENERGY, "slow")
+        # the counter's latest value (mJ), read at discovery and by each slow poll, reported by the fast ones
+        self.energy_mj: float | int | None = dev.values([_ENERGY]).get(_ENERGY) if self.energy else None
         self.module = bool(dev.values([_MODULE])) and dev.field(_MODULE, "fast")
         pstate = dev.call("nvmlDeviceGetPerformanceState")
         self.pstate = pstate if dev.supported(pstate) else None
@@ -85,7 +91,9 @@ class Nvml:
         if fid is None or not dev.has_field(fid):
             return None
         value = dev.values([fid]).get(fid)
-        if value is not None and _percent(value) is None:
+        if value is None:  # answered in the discovery's batch of every field, not alone: an H200 on R580.159
+            return None
+        if _percent(value) is None:
             dev.reject(f"power smoothing lifetime (field {fid})", f"answered {value!r}, not a percentage 0-100")
             self.rejected = True
             return None
@@ -101,7 +109,7 @@ class Nvml:
 
     def read_fast(self, q: Query) -> Power:
         mw = q.field(_POWER_AVERAGE) if self.average else (q(self.usage) if self.usage is not None else None)
-        mj = q.field(_ENERGY) if self.energy else None
+        mj = self.energy_mj
         pstate = q(self.pstate) if self.pstate is not None else None
         module = q.field(_MODULE) if self.module else None
         return Power(None if mw is None else mw / 1000.0, None if mj is None else mj / 1000.0,
@@ -119,6 +127,10 @@ class Nvml:
             else:
                 limits[name] = value / 1000.0
         lifetime = None if self.lifetime is None else _percent(q.field(self.lifetime))
+        if self.energy:
+            mj = q.field(_ENERGY)
+            if mj is not None:  # a failed read keeps the last value: the counter's next read catches up
+                self.energy_mj = mj
         return PowerLimits(limits, lifetime)
 
 
@@ -171,8 +183,9 @@ GROUP = Group(
              "min and max (nvmlDeviceGetPowerManagementLimitConstraints)."),
         Spec("gpuwatch_energy_joules_total", "counter", G,
              "Energy consumed since the driver was loaded, in joules; resets on driver reload "
-             "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION). On a Grace-coupled GPU (GH200, GB200: where "
-             "gpuwatch_module_power_watts exists) it covers the whole module: GPU + Grace CPU + memory."),
+             "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, read every slow interval). On a Grace-coupled GPU "
+             "(GH200, GB200: where gpuwatch_module_power_watts exists) it covers the whole module: GPU + Grace "
+             "CPU + memory."),
         Spec("gpuwatch_power_smoothing_lifetime_remaining_ratio", "gauge", G,
              "Remaining lifetime of the power-smoothing circuitry, 1 = new (Blackwell; field "
              "NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, id by driver branch; XIDs 164/165)."),

@@ -491,6 +491,9 @@ class FakeGpu:
     # or (id, scopeId)
     fields: dict[int | tuple[int, int], tuple[str, int | float]] = field(default_factory=dict)
     field_errors: dict[int | tuple[int, int], int] = field(default_factory=dict)  # -> per-entry nvmlReturn
+    # id -> the fewest entries a call must have for the id's entry to answer (field_min_batch: what an H200 on
+    # R580.159 does with field 258, a double 0.0 in a batch of 35 ids, NOT_SUPPORTED alone or among 15)
+    field_min_batch: dict[int | tuple[int, int], int] = field(default_factory=dict)
 
     # events
     supported_event_types: int | None = EVENT_PSTATE | EVENT_XID
@@ -711,6 +714,8 @@ class FakeGpu:
             L.append(f"field {fid} {typ} {val!r}" if typ == "d" else f"field {fid} {typ} {int(val)}")
         for key, code in sorted(self.field_errors.items(), key=lambda kv: _scoped(kv[0])):
             put("field_error", _field_text(key), code)
+        for key, least in sorted(self.field_min_batch.items(), key=lambda kv: _scoped(kv[0])):
+            put("field_min_batch", _field_text(key), least)
         if self.gpm is not None:
             if len(self.gpm) > MAX_GPM:
                 raise ValueError(f"at most {MAX_GPM} GPM metrics per GPU")

@@ -110,6 +110,12 @@
  *                                            0..6). Ids without a "field" line
  *                                            give per-entry NOT_SUPPORTED.
  *   field_error <id> <code>                  per-entry nvmlReturn for <id>
+ *   field_min_batch <id> <n>                 <id>'s "field" line answers only in
+ *                                            a call of at least <n> entries; a
+ *                                            smaller call gets NOT_SUPPORTED (an
+ *                                            H200 on R580.159 answers field 258
+ *                                            with a double 0.0 in a batch of 35
+ *                                            ids, NOT_SUPPORTED alone or in 15)
  *   lost <0|1>                               1: every per-device call (and
  *                                            GetHandleByIndex/UUID/PciBusId for
  *                                            it) returns NVML_ERROR_GPU_IS_LOST
@@ -529,6 +535,7 @@ typedef struct {
     unsigned int type;
     int err;       /* per-entry error (field_error); 0 = none */
     int has_value; /* a "field" line was seen */
+    int min_batch; /* field_min_batch: answers only in calls of at least this many entries */
     nvmlValue_t value;
 } field_t;
 
@@ -947,6 +954,16 @@ static int parse_gpu_line(state_t *st, gpu_t *g, const char *key, char **tok, in
         g->nvl_remote_type[a] = (unsigned int)b;
         strcpy(g->nvl_remote_bus[a], tok[3]);
         g->nvl_remote_has |= 1ULL << a;
+        return 0;
+    }
+    if (strcmp(key, "field_min_batch") == 0) {
+        unsigned int id, scope;
+        if (ntok < 3 || parse_field_key(tok[1], &id, &scope) || parse_num(tok[2], &b) || b < 0)
+            return -1;
+        field_t *f = field_slot(g, id, scope, 1);
+        if (!f)
+            return -1;
+        f->min_batch = (int)b;
         return 0;
     }
     if (strcmp(key, "field_error") == 0) {
@@ -1961,7 +1978,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvmlFie
             f = field_slot(g, v->fieldId, v->scopeId, 0);
             if (f && f->err)
                 ret = f->err;
-            else if (f && f->has_value)
+            else if (f && f->has_value && valuesCount >= f->min_batch)
                 ret = NVML_SUCCESS;
             else
                 ret = NVML_ERROR_NOT_SUPPORTED;
