@@ -261,7 +261,8 @@ def inside() -> dict:
 
     def run(self: Any, handle: Any) -> Any:
         entries = original_run(self, handle)
-        frame, depth = sys._getframe(1), 0
+        frame: Any = sys._getframe(1)
+        depth = 0
         while frame is not None and depth < 8:  # a probe at discovery asks what is there: no failure
             if frame.f_code.co_name in ("_probe", "_probe_fields", "values"):
                 return entries
@@ -388,7 +389,8 @@ def _exporter(name: str, argv: list[str], env: dict, port: int, poll: float, sec
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                return {"error": f"{name} did not answer: {(proc.stderr.read() if proc.stderr else b'').decode(errors='replace')[-2000:]}"}
+                said = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace")[-2000:]
+                return {"error": f"{name} did not answer: {said}"}
             time.sleep(0.2)
     time.sleep(5)  # warm-up: the first slow-tier reads, the caches
     lat: list[float] = []
