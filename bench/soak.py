@@ -401,7 +401,16 @@ def run(args: argparse.Namespace) -> dict:
 
         wait_for(lambda: xids_counted() >= seeded, 120, "the seeded XIDs")
         wait_for(lambda: daemon.polls() >= 40, 120, "40 polls")
-        baseline = daemon.metrics()[0]
+        # every tier, the host groups and the rules (every 4 s) have made their series: the count held still
+        # for 10 s (a baseline taken at poll 40 once missed 16 series that came a little later)
+        steady: list[tuple[float, int]] = []
+
+        def settled() -> int | None:
+            steady.append((time.monotonic(), daemon.metrics()[0]))
+            held = [n for t, n in steady if t >= steady[-1][0] - 10]
+            return steady[-1][1] if steady[-1][0] - steady[0][0] >= 10 and len(set(held)) == 1 else None
+
+        baseline = wait_for(settled, 180, "a steady series count")
         start = daemon.polls()
         end = max(start + 100, polls * 9 // 10)
         events = schedule(polls, start, end, args.jobs, args.pods, args.mig, max(0, args.xids - seeded))
