@@ -406,6 +406,8 @@ def run(args: argparse.Namespace) -> dict:
         steady: list[tuple[float, int]] = []
 
         def settled() -> int | None:
+            if steady and time.monotonic() - steady[-1][0] < 1.0:  # a scrape a second, not one per wait_for try
+                return None
             steady.append((time.monotonic(), daemon.metrics()[0]))
             held = [n for t, n in steady if t >= steady[-1][0] - 10]
             return steady[-1][1] if steady[-1][0] - steady[0][0] >= 10 and len(set(held)) == 1 else None

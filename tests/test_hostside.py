@@ -359,7 +359,7 @@ print(json.dumps({"reads": [first, second], "errors": errors, "grpc": sys.module
 
 
 @pytest.mark.parametrize("socket", ["missing", "present"])
-def test_grpcio_is_imported_only_where_the_kubelet_socket_is(tmp_path, socket):
+def test_grpcio_is_imported_only_where_the_kubelet_socket_is(tmp_path, socket, request):
     """grpcio and protobuf cost about 10 MB: a node without a kubelet never imports them; where the socket is
     and grpcio is not installed, the group says so once (kubernetes_off, no_grpcio) and is no error."""
     path = tmp_path / "kubelet.sock"
@@ -368,6 +368,7 @@ def test_grpcio_is_imported_only_where_the_kubelet_socket_is(tmp_path, socket):
 
         server = sockets.socket(sockets.AF_UNIX)
         server.bind(str(path))
+        request.addfinalizer(server.close)
     for mode in ("blocked", "installed") if socket == "present" else ("installed",):
         done = subprocess.run([sys.executable, "-c", KUBELET_WITHOUT_GRPC, str(path), mode],
                               capture_output=True, text=True, timeout=60)

@@ -105,6 +105,7 @@ def full_slow_sample():
         nvlink_bit_error_rate={"effective": 3e-13},
         nvlink_generation=5,
         power_smoothing_lifetime_ratio=0.87,
+        energy_joules=91234.567,
         fabric_health={"degraded_bandwidth": True, "route_unhealthy": False},
         fabric_health_summary="limited_capacity",
         fabric_configuration="insufficient_nvlinks",

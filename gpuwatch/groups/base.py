@@ -129,6 +129,11 @@ class Device(Protocol):
         ids whose set depends on another reading (the NVLink links of the GPU's link count)."""
         ...
 
+    def refused(self, key: FieldKey) -> bool:
+        """Whether the last ``values`` call that asked for ``key`` got "no such reading" for it
+        (NOT_SUPPORTED and the like), not a transient failure."""
+        ...
+
     def field(self, field_id: FieldKey, tier: str) -> bool:
         """``has_field`` (or answered by ``values``), and if so the key is read in ``tier``'s
         ("fast" or "slow") one batched field-values call of every poll from now on

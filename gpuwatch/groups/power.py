@@ -2,10 +2,11 @@
 
 Fast tier: the average power draw from field 185 (NVML_FI_DEV_POWER_AVERAGE, scope GPU, R535+) in the
 tier's one field-values batch, else nvmlDeviceGetPowerUsage; the P-state from
-nvmlDeviceGetPerformanceState. The energy counter (field 83) is read in the slow tier's batch and each
-fast sample carries the latest value: on a real H200 (R580, GSP firmware) that one field costs about
-3 ms of CPU per read, three times everything else a fast poll reads (docs/hardware.md), and a counter
-read every 30 s gives rate() over 5 minutes all it needs (dcgm-exporter collects it every 30 s).
+nvmlDeviceGetPerformanceState. The energy counter (field 83) is a slow reading (``PowerLimits``, so the
+slow tier's staleness bound applies to it): on a real H200 (R580, GSP firmware) that one field costs
+about 3 ms of CPU per read, three times everything else a fast poll reads (docs/hardware.md), and a
+counter read every 30 s gives rate() over 5 minutes all it needs (dcgm-exporter collects it every 30 s).
+The simulated backend and older traces carry it in the fast reading; either is rendered.
 Slow tier: nvmlDeviceGetEnforcedPowerLimit,
 GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints; on Blackwell boards with power
 smoothing, the smoothing circuitry's remaining lifetime in percent (field
@@ -53,6 +54,7 @@ def history(power: Power) -> Power:
 class PowerLimits:
     power_limit_watts: Mapping[str, float] = field(default_factory=dict)  # enforced, default, min, max
     power_smoothing_lifetime_ratio: float | None = None  # remaining lifetime of the smoothing circuitry, 0-1
+    energy_joules: float | None = None  # since the driver was loaded (NVML: here, not in the fast reading)
 
 
 def _percent(value: float | int | None) -> float | None:
@@ -68,8 +70,6 @@ class Nvml:
         usage = dev.call("nvmlDeviceGetPowerUsage")
         self.usage = usage if not self.average and dev.supported(usage) else None
         self.energy = dev.field(_ENERGY, "slow")
-        # the counter's latest value (mJ), read at discovery and by each slow poll, reported by the fast ones
-        self.energy_mj: float | int | None = dev.values([_ENERGY]).get(_ENERGY) if self.energy else None
         self.module = bool(dev.values([_MODULE])) and dev.field(_MODULE, "fast")
         pstate = dev.call("nvmlDeviceGetPerformanceState")
         self.pstate = pstate if dev.supported(pstate) else None
@@ -91,9 +91,9 @@ class Nvml:
         if fid is None or not dev.has_field(fid):
             return None
         value = dev.values([fid]).get(fid)
-        if value is None:  # answered in the discovery's batch of every field, not alone: an H200 on R580.159
-            return None
-        if _percent(value) is None:
+        if value is None and dev.refused(fid):  # answered in the discovery's batch of every field, NOT_SUPPORTED
+            return None                         # alone (an H200 on R580.159); a transient failure: polled
+        if value is not None and _percent(value) is None:
             dev.reject(f"power smoothing lifetime (field {fid})", f"answered {value!r}, not a percentage 0-100")
             self.rejected = True
             return None
@@ -109,10 +109,9 @@ class Nvml:
 
     def read_fast(self, q: Query) -> Power:
         mw = q.field(_POWER_AVERAGE) if self.average else (q(self.usage) if self.usage is not None else None)
-        mj = self.energy_mj
         pstate = q(self.pstate) if self.pstate is not None else None
         module = q.field(_MODULE) if self.module else None
-        return Power(None if mw is None else mw / 1000.0, None if mj is None else mj / 1000.0,
+        return Power(None if mw is None else mw / 1000.0, None,
                      None if pstate is None or pstate > 15 else int(pstate),
                      None if module is None else module / 1000.0)
 
@@ -127,11 +126,8 @@ class Nvml:
             else:
                 limits[name] = value / 1000.0
         lifetime = None if self.lifetime is None else _percent(q.field(self.lifetime))
-        if self.energy:
-            mj = q.field(_ENERGY)
-            if mj is not None:  # a failed read keeps the last value: the counter's next read catches up
-                self.energy_mj = mj
-        return PowerLimits(limits, lifetime)
+        mj = q.field(_ENERGY) if self.energy else None
+        return PowerLimits(limits, lifetime, None if mj is None else mj / 1000.0)
 
 
 def _numbering_holds(dev: Device) -> bool:
@@ -145,9 +141,12 @@ def _numbering_holds(dev: Device) -> bool:
 
 
 def render(emit: Emit, fast: Power | None, slow: PowerLimits | None) -> None:
+    energy = fast.energy_joules if fast is not None else None
+    if energy is None and slow is not None:
+        energy = slow.energy_joules
+    emit("gpuwatch_energy_joules_total", (), energy)
     if fast is not None:
         emit("gpuwatch_power_watts", (), fast.power_watts)
-        emit("gpuwatch_energy_joules_total", (), fast.energy_joules)
         emit("gpuwatch_performance_state", (), fast.performance_state)
         emit("gpuwatch_module_power_watts", (), fast.module_power_watts)
     if slow is not None:
@@ -183,7 +182,7 @@ GROUP = Group(
              "min and max (nvmlDeviceGetPowerManagementLimitConstraints)."),
         Spec("gpuwatch_energy_joules_total", "counter", G,
              "Energy consumed since the driver was loaded, in joules; resets on driver reload "
-             "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, read every slow interval). On a Grace-coupled GPU "
+             "(field NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, read by the slow tier). On a Grace-coupled GPU "
              "(GH200, GB200: where gpuwatch_module_power_watts exists) it covers the whole module: GPU + Grace "
              "CPU + memory."),
         Spec("gpuwatch_power_smoothing_lifetime_remaining_ratio", "gauge", G,

@@ -84,8 +84,9 @@ class KubeletPods:
         return tuple(dict.fromkeys(found)), complete
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        client = self._client  # read() may drop it on the host job's thread meanwhile
+        if client is not None:
+            client.close()
 
 
 class HostReader:

@@ -49,6 +49,7 @@ class Probe:
         self.architecture = None if identity is None else identity.architecture
         self._identity = identity
         self._rejected: set[str] = set()
+        self._refused: set[FieldKey] = set()  # keys a values() call got "no such reading" for
         self.features: dict[str, bool] = {}
         self.used: dict[str, dict[FieldKey, str]] = {"fast": {}, "slow": {}}  # tier -> field key -> group
         self.cleanups: list[Callable[[], None]] = []  # what to free before NVML shuts down (GPM samples)
@@ -121,16 +122,25 @@ class Probe:
         except N.NVMLError as exc:
             if is_gone(exc.value):
                 raise
+            if exc.value in UNSUPPORTED:  # no entry answered, the call says why
+                self._refused.update(keys)
             return {}
         answered: dict[FieldKey, float | int] = {}
         for key, entry in zip(keys, entries):
             if entry.nvmlReturn == LOST:
                 raise N.NVMLError(LOST)
+            if entry.nvmlReturn in UNSUPPORTED:
+                self._refused.add(key)
+            else:
+                self._refused.discard(key)
             if entry.nvmlReturn == N.NVML_SUCCESS and entry.valueType < len(VALUE_MEMBERS):
                 answered[key] = getattr(entry.value, VALUE_MEMBERS[entry.valueType])
                 self._types[key] = int(entry.valueType)
         self.fields.update(answered)
         return answered
+
+    def refused(self, key: FieldKey) -> bool:
+        return key in self._refused
 
     def field(self, field_id: FieldKey, tier: str) -> bool:
         if field_id not in self.fields:
