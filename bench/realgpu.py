@@ -214,9 +214,9 @@ import json, sys, time
 def rss():
     with open('/proc/self/status') as f:
         return next(int(l.split()[1]) for l in f if l.startswith('VmRSS:')) / 1024
-out = {'bare_mb': rss()}
+out = {'bare_mib': rss()}
 import gpuwatch.cli.run, gpuwatch.agent, gpuwatch.config
-out['imported_mb'] = rss()
+out['imported_mib'] = rss()
 from gpuwatch import logs
 logs.configure('error', 'json')
 agent = gpuwatch.agent.Agent(gpuwatch.config.Config())
@@ -224,7 +224,7 @@ agent.poller.poll_slow()
 for _ in range(50):
     agent.poller.poll_fast()
 agent.exposition.render(openmetrics=False, compress=False)
-out['after_50_polls_mb'] = rss()
+out['after_50_polls_mib'] = rss()
 std = set(sys.stdlib_module_names)
 top = {}
 for name in sys.modules:
@@ -369,7 +369,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mb(pid: int) -> float:
+def _rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -416,13 +416,13 @@ def _exporter(name: str, argv: list[str], env: dict, port: int, poll: float, sec
         t0 = time.perf_counter()
         urllib.request.urlopen(url, timeout=10).read()
         alone.append(time.perf_counter() - t0)
-    rss = _rss_mb(proc.pid)
+    rss = _rss_mib(proc.pid)
     proc.terminate()
     proc.wait(timeout=20)
     alone.sort()
     return {"poll_s": poll, "scrape_every_s": scrape_every, "seconds": round(wall, 1),
             "cpu_ms_per_s": round(cpu / wall * 1e3, 2), "cpu_ms_per_poll": round(cpu / (wall / poll) * 1e3, 3),
-            "rss_mb": round(rss, 1), "scrapes": len(lat),
+            "rss_mib": round(rss, 1), "scrapes": len(lat),
             "scrape_p50_ms": round(alone[49] * 1e3, 2), "scrape_p99_ms": round(alone[98] * 1e3, 2)}
 
 

@@ -1,4 +1,4 @@
-"""power: power draw, energy, P-state (fast) and the power limits (slow).
+"""power: power draw, P-state (fast); the energy counter and the power limits (slow).
 
 Fast tier: the average power draw from field 185 (NVML_FI_DEV_POWER_AVERAGE, scope GPU, R535+) in the
 tier's one field-values batch, else nvmlDeviceGetPowerUsage; the P-state from
