@@ -25,7 +25,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpuwatch.backends.base import Backend
+from gpuwatch.backends.base import EVENT_WAIT_SECONDS, Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups.selection import Selection
@@ -35,7 +35,6 @@ from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSa
 from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
-EVENT_WAIT_SECONDS = 1.0
 # The rules run after a fast poll about this often (docs/rules.md); every poll's samples go into their history.
 RULES_EVERY_SECONDS = 4.0
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step

@@ -93,3 +93,15 @@ def test_the_daemon_freezes_what_it_built_and_collects_the_young_generation_less
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_the_main_loop_sleeps_until_its_next_duty():
+    """Without systemd's notify socket the main loop has no duty and sleeps until a signal; with it, until
+    the next STATUS= line or watchdog look (a quarter of the watchdog's period), whichever is first."""
+    from gpuwatch.cli.run import STATUS_SECONDS, _idle_seconds
+
+    assert _idle_seconds(Notifier({})) is None
+    assert _idle_seconds(Notifier({"WATCHDOG_USEC": "60000000"})) is None  # no socket to ping
+    assert _idle_seconds(Notifier({"NOTIFY_SOCKET": "/x"})) == STATUS_SECONDS
+    assert _idle_seconds(Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "60000000"})) == STATUS_SECONDS
+    assert _idle_seconds(Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "2000000"})) == 0.5

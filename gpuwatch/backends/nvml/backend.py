@@ -11,6 +11,7 @@ from typing import Any
 
 import pynvml as N
 
+from gpuwatch.backends.base import EVENT_WAIT_SECONDS
 from gpuwatch.backends.nvml.calls import Batch, Texts, handle_key
 from gpuwatch.backends.nvml.codes import BACKEND_GONE, LOST, UNSUPPORTED, is_gone, unavailable
 from gpuwatch.backends.nvml.funnel import Probe, Query
@@ -108,7 +109,7 @@ class NvmlBackend:
             return
         self._open = False
         # Do not shut NVML down under a thread that is inside nvmlEventSetWait (nvml.md §12).
-        have_events_lock = self._events_lock.acquire(timeout=2 * 1.0)
+        have_events_lock = self._events_lock.acquire(timeout=2 * EVENT_WAIT_SECONDS)
         try:
             if self._event_set is not None and have_events_lock:
                 try:
