@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench.py            # HGX and PCIe nodes, 8 and 64 GPUs, both cadences, both exporters
     .venv/bin/python bench/bench.py --quick    # the same, shorter windows (~35 min)
     .venv/bin/python bench/bench.py --gpus 8 --nodes pcie --only gpuwatch
+    .venv/bin/python bench/bench.py --gpus 8 --cadence 2 --window 150   # one cadence, longer windows
 
 Each exporter is installed by the benchmark into a virtual environment of its own under bench/out/
 (gpuwatch from this working tree with `pip install .`, runtime dependencies only, as a user gets it;
@@ -292,15 +293,16 @@ def scrape_latency(exp: Exporter, quick: bool) -> dict:
             "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))}
 
 
-def measure(name: str, python: dict[str, Path], gpus: int, quick: bool, workdir: Path, kind: str = "hgx") -> dict:
+def measure(name: str, python: dict[str, Path], gpus: int, quick: bool, workdir: Path, kind: str = "hgx",
+            cadences: tuple[tuple[float, float], ...] = CADENCES, window_s: float | None = None) -> dict:
     result: dict = {}
-    for poll, scrape in CADENCES:
+    for poll, scrape in cadences:
         exp = start(name, python, gpus, poll, workdir / f"{name}-{kind}-{gpus}-{poll:g}", kind)
         try:
             warm = 10 if quick else 20
             wait_for(lambda exp=exp, warm=warm, poll=poll: exp.counters()[0] / gpus >= warm / poll / 2, 120,
                      "warm-up polls")
-            window = (30 if quick else 120) if poll < 1 else (45 if quick else 120)
+            window = window_s or ((30 if quick else 120) if poll < 1 else (45 if quick else 120))
             key = f"poll_{poll:g}s_scrape_{scrape:g}s"
             result[key] = cpu_window(exp, gpus, window, scrape)
             assert exp.node is not None
@@ -376,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="node kinds: hgx (H200, NVLink, GPM), pcie (L40S, neither)")
     ap.add_argument("--only", choices=["gpuwatch", "nvitop-exporter"], help="measure one exporter")
     ap.add_argument("--quick", action="store_true", help="shorter windows")
+    ap.add_argument("--cadence", type=float, nargs="+", choices=[poll for poll, _ in CADENCES],
+                    default=[poll for poll, _ in CADENCES],
+                    help="poll intervals to measure (RSS and latency are measured at 0.5 s)")
+    ap.add_argument("--window", type=float, help="seconds of each CPU window (default 120; --quick 30 or 45): "
+                    "the 10 ms ticks of /proc/PID/stat make a 45 s window at 2 s polls +-20 %%")
     ap.add_argument("--out", default=str(OUT / "results.json"))
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -396,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             for gpus in args.gpus:
                 per = results["nodes"].setdefault(kind, {})[str(gpus)] = {}
                 for name in names:
-                    per[name] = measure(name, python, gpus, args.quick, OUT / "runs", kind)
+                    per[name] = measure(name, python, gpus, args.quick, OUT / "runs", kind,
+                                        tuple(c for c in CADENCES if c[0] in args.cadence), args.window)
                 print("\n".join(report(gpus, per, kind)), flush=True)
     finally:
         for proc in list(_children):
