@@ -486,7 +486,7 @@ class Poller:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
         if self._events_thread is not None:
-            self._events_thread.join(timeout=EVENT_WAIT_SECONDS * 2)
+            self._events_thread.join(timeout=EVENT_WAIT_SECONDS)  # a wait in progress ends within it
         if self._lifecycle.acquire(timeout=2):
             try:
                 self._backend.close()

@@ -108,8 +108,9 @@ class NvmlBackend:
         if not self._open:
             return
         self._open = False
-        # Do not shut NVML down under a thread that is inside nvmlEventSetWait (nvml.md §12).
-        have_events_lock = self._events_lock.acquire(timeout=2 * EVENT_WAIT_SECONDS)
+        # Do not shut NVML down under a thread that is inside nvmlEventSetWait (nvml.md §12); a wait in
+        # progress ends within EVENT_WAIT_SECONDS, one stuck in a wedged driver is left behind.
+        have_events_lock = self._events_lock.acquire(timeout=EVENT_WAIT_SECONDS)
         try:
             if self._event_set is not None and have_events_lock:
                 try:
