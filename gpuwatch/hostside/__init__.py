@@ -14,13 +14,16 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch.groups import HostSample, Selection
 from gpuwatch.groups.kubernetes import PodAllocation
 from gpuwatch.hostside import cgroups
 from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuState
+
+if TYPE_CHECKING:
+    from gpuwatch.hostside.kubelet import PodResourcesClient
 
 
 class KubeletPods:
@@ -30,7 +33,7 @@ class KubeletPods:
         from gpuwatch.hostside.kubelet import PodResourcesClient
 
         # grpcio is imported by the first call that finds the kubelet's socket: never on a node without one
-        self._client: Any = PodResourcesClient(socket_path, timeout)
+        self._client: PodResourcesClient | None = PodResourcesClient(socket_path, timeout)
         self._errors = errors
         self._failing: str | None = None
         self._unknown_logged: set[str] = set()

@@ -956,24 +956,19 @@ static int parse_gpu_line(state_t *st, gpu_t *g, const char *key, char **tok, in
         g->nvl_remote_has |= 1ULL << a;
         return 0;
     }
-    if (strcmp(key, "field_min_batch") == 0) {
+    if (strcmp(key, "field_error") == 0 || strcmp(key, "field_min_batch") == 0) {
+        /* field_error <id> <code> | field_min_batch <id> <n>: a number kept on the field's slot */
         unsigned int id, scope;
-        if (ntok < 3 || parse_field_key(tok[1], &id, &scope) || parse_num(tok[2], &b) || b < 0)
+        int least = key[6] == 'm';
+        if (ntok < 3 || parse_field_key(tok[1], &id, &scope) || parse_num(tok[2], &b) || (least && b < 0))
             return -1;
         field_t *f = field_slot(g, id, scope, 1);
         if (!f)
             return -1;
-        f->min_batch = (int)b;
-        return 0;
-    }
-    if (strcmp(key, "field_error") == 0) {
-        unsigned int id, scope;
-        if (ntok < 3 || parse_field_key(tok[1], &id, &scope) || parse_num(tok[2], &b))
-            return -1;
-        field_t *f = field_slot(g, id, scope, 1);
-        if (!f)
-            return -1;
-        f->err = (int)b;
+        if (least)
+            f->min_batch = (int)b;
+        else
+            f->err = (int)b;
         return 0;
     }
     if (strcmp(key, "error") == 0 || strcmp(key, "unsupported") == 0 || strcmp(key, "block") == 0)
