@@ -21,12 +21,9 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
-
 from gpuwatch.backends.base import EVENT_WAIT_SECONDS, Backend
 from gpuwatch.clock import Clock
+from gpuwatch.deferred import deferred
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups.selection import Selection
 from gpuwatch.groups.xid import describe as describe_xid
@@ -34,9 +31,13 @@ from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSample, ProcessInfo, SlowSample
 from gpuwatch.store import Store
 
+with deferred("asyncio", functions=("iscoroutinefunction",)):  # APScheduler's asyncio executor only
+    from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.schedulers.background import BackgroundScheduler
+
 MAX_BACKOFF_SECONDS = 60.0
-# The rules run after a fast poll about this often (docs/rules.md); every poll's samples go into their history.
-RULES_EVERY_SECONDS = 4.0
+RULES_EVERY_SECONDS = 4.0  # the rules run after a fast poll this often (docs/rules.md); every poll feeds them
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
 
