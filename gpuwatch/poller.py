@@ -1,9 +1,10 @@
-"""The poller: the only user of APScheduler. Two tiers of polls, the backend's lifecycle, XID events.
+"""The poller: two tiers of polls, the backend's lifecycle, XID events.
 
-- fast tier (default 2 s) and slow tier (default 30 s) run as interval jobs with at most one
-  instance in flight each: a wedged NVML call holds its tier's thread, later runs of that tier are
-  skipped (reported once as ``poll_overrun``) and the data goes stale; nothing piles up and HTTP
-  never waits. When the call returns, the next run goes on by itself.
+- fast tier (default 2 s; on a thread of its own, gpuwatch.schedule.Ticker) and slow tier
+  (default 30 s; an APScheduler job) run at most one poll in flight each: a wedged NVML call
+  holds its tier's thread, later runs of that tier are skipped (reported once as
+  ``poll_overrun``) and the data goes stale; nothing piles up and HTTP never waits. When the
+  call returns, the next run goes on by itself.
 - the backend's lifecycle: if it cannot be opened (driver not loaded, library missing, driver
   upgraded without reboot) the poller logs the cause once with a hint, retries with capped
   exponential backoff and recovers by itself. One lost GPU never stops the others.
@@ -18,75 +19,27 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 from gpuwatch.backends.base import EVENT_WAIT_SECONDS, Backend
 from gpuwatch.clock import Clock
-from gpuwatch.deferred import deferred
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups.selection import Selection
 from gpuwatch.groups.xid import describe as describe_xid
 from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSample, ProcessInfo, SlowSample
+from gpuwatch.schedule import (
+    EVENT_JOB_MAX_INSTANCES,
+    JobExecutionEvent,
+    SteadyScheduler,
+    ThreadPoolExecutor,
+    Ticker,
+    utc_now,
+)
 from gpuwatch.store import Store
-
-with deferred("asyncio", functions=("iscoroutinefunction",)):  # APScheduler's asyncio executor only
-    from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
-    from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.schedulers.background import BackgroundScheduler
 
 MAX_BACKOFF_SECONDS = 60.0
 RULES_EVERY_SECONDS = 4.0  # the rules run after a fast poll this often (docs/rules.md); every poll feeds them
-CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
-
-
-class SteadyScheduler(BackgroundScheduler):
-    """APScheduler's BackgroundScheduler, immune to wall-clock steps.
-
-    APScheduler 3 keeps each job's next run time as a wall-clock datetime and compares it with
-    ``datetime.now()``; its waits themselves are monotonic (``threading.Event.wait``). So when NTP
-    steps the clock back by X seconds, every job would wait X seconds more (the polls stall, the
-    data goes stale, the watchdog restarts gpuwatch), and a step forward would make them all due at
-    once. Before each look at the jobs this scheduler measures wall minus monotonic time; when it
-    moved by more than ``CLOCK_STEP_SECONDS`` since the last look, the wall clock stepped, and
-    every job's next run time moves by the same step: the jobs keep their monotonic cadence, no
-    poll is skipped or repeated. Slow NTP slewing (parts per million) is below the threshold and
-    left to the wall-clock schedule, as APScheduler does.
-    """
-
-    def __init__(self, *args: Any, wall: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._wall = wall
-        self._monotonic = monotonic
-        self._offset: float | None = None
-        self.steps: list[float] = []  # the steps seen, in seconds (newest last; for logs and tests)
-
-    def _process_jobs(self) -> float | None:
-        offset = self._wall() - self._monotonic()
-        if self._offset is not None and abs(offset - self._offset) > CLOCK_STEP_SECONDS:
-            self._shift(offset - self._offset)
-        self._offset = offset
-        wait = super()._process_jobs()
-        if abs(self._wall() - self._monotonic() - offset) > CLOCK_STEP_SECONDS:
-            # the clock stepped while APScheduler looked at the jobs: the wait it computed is on the other side
-            # of the step (back 300 s: a 300 s stall). Look again at once: that look moves the jobs.
-            return 0.0
-        return wait
-
-    def _shift(self, seconds: float) -> None:
-        delta = timedelta(seconds=seconds)
-        with self._jobstores_lock:
-            for store in self._jobstores.values():
-                for job in store.get_all_jobs():
-                    if job.next_run_time is not None:
-                        job._modify(next_run_time=job.next_run_time + delta)
-                        store.update_job(job)
-        self.steps = self.steps[-9:] + [seconds]
-        get_logger(component="poller").warning(
-            "clock_step", seconds=round(seconds, 3),
-            hint="the wall clock jumped (NTP step, manual date change); polls keep their interval")
 
 
 class Poller:
@@ -133,7 +86,8 @@ class Poller:
         self._overrun_logged: set[str] = set()
         self._stop = threading.Event()
         self._events_thread: threading.Thread | None = None
-        self._scheduler: BackgroundScheduler | None = None
+        self._scheduler: SteadyScheduler | None = None
+        self._ticker: Ticker | None = None
         self._slow_due = True
         self._last_evaluated = float("-inf")
         self._rules_every = max(fast_interval, RULES_EVERY_SECONDS)
@@ -349,7 +303,7 @@ class Poller:
                 self._host_again = True
                 return
         try:
-            scheduler.modify_job("host", next_run_time=_now())
+            scheduler.modify_job("host", next_run_time=utc_now())
         except Exception:  # shutting down: nothing to wake
             pass
 
@@ -424,7 +378,9 @@ class Poller:
 
     # -- scheduling ----------------------------------------------------------------------------
     def _on_max_instances(self, event: JobExecutionEvent) -> None:
-        tier = event.job_id
+        self._overrun(event.job_id)
+
+    def _overrun(self, tier: str) -> None:
         if tier == "host":
             if not self._host_overrun_logged:
                 self._host_overrun_logged = True
@@ -455,9 +411,9 @@ class Poller:
                 ("slow", self.poll_slow, self._slow_interval, False)]
         if self._host is not None:
             jobs.append(("host", self.poll_host, self._slow_interval, True))
-        # The rules run at the end of a fast poll when due (poll_fast); while a poll hangs, at a fast tick
-        # that the scheduler skips for it (_on_max_instances). No timer of their own: a wake-up of APScheduler
-        # costs about 0.5 ms of CPU (a cold one, measured on the bench's VM), as much as reading 3 GPUs.
+        # The rules run at the end of a fast poll when due (poll_fast); while a poll hangs, at the fast ticks
+        # skipped for it (_overrun, from the Ticker's watcher). No timer of their own: a wake-up of a thread
+        # costs 0.12-0.3 ms of CPU (a cold one, measured on the bench's VM), as much as reading a GPU.
         return tuple(jobs)
 
     @property
@@ -467,23 +423,35 @@ class Poller:
 
     def start(self) -> None:
         jobs = self.jobs()
+        fast = [job for job in jobs if job[0] == "fast"]
+        others = [job for job in jobs if job[0] != "fast"]
         scheduler = SteadyScheduler(  # one worker per job at most: each runs one instance at a time
-            executors={"default": ThreadPoolExecutor(max_workers=len(jobs))},
+            executors={"default": ThreadPoolExecutor(max_workers=max(1, len(others)))},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
             timezone="UTC",
         )
         scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
-        for job_id, function, seconds, at_once in jobs:
+        for job_id, function, seconds, at_once in others:
             scheduler.add_job(function, "interval", seconds=seconds, id=job_id,
-                              **({"next_run_time": _now()} if at_once else {}))
+                              **({"next_run_time": utc_now()} if at_once else {}))
         scheduler.start()
         self._scheduler = scheduler
+        for _, function, seconds, _ in fast:  # at once, as jobs() says
+            self._ticker = Ticker(function, seconds, lambda: self._overrun("fast"), self._fast_failed,
+                                  name="gpuwatch-fast-poll", watch_seconds=self._rules_every)
+            self._ticker.start()
         if self.reads_events:  # XIDs; MIG configuration changes
             self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
             self._events_thread.start()
 
+    def _fast_failed(self, exc: Exception) -> None:
+        self._repeats.log("error", "poll_failed", ("fast_poll_failed",), tier="fast",
+                          error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+
     def stop(self) -> None:
         self._stop.set()
+        if self._ticker is not None:
+            self._ticker.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
         if self._events_thread is not None:
@@ -493,8 +461,3 @@ class Poller:
                 self._backend.close()
             finally:
                 self._lifecycle.release()
-
-def _now():
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)

@@ -32,8 +32,8 @@ def test_only_the_nvml_backend_imports_pynvml():
     assert {m for m in importers_of("pynvml") if not m.startswith("gpuwatch.backends.nvml.")} == set()
 
 
-def test_only_the_poller_uses_apscheduler():
-    assert importers_of("apscheduler") == {"gpuwatch.poller"}
+def test_only_the_schedule_uses_apscheduler():
+    assert importers_of("apscheduler") == {"gpuwatch.schedule"}
 
 
 def test_only_the_exporter_imports_prometheus_client():

@@ -179,7 +179,7 @@ def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():
     jobs keep their monotonic cadence; drift under the threshold is left alone."""
     from datetime import datetime, timezone
 
-    from gpuwatch.poller import SteadyScheduler
+    from gpuwatch.schedule import SteadyScheduler
 
     wall = [1_700_000_000.0]
     mono = [100.0]
