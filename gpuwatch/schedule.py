@@ -43,8 +43,8 @@ class Ticker:
 
     The ticks are on a fixed grid from the start: a run that ends after its next tick makes that tick
     (and any after it) skipped, one ``on_overrun()`` call each, and the next run waits for the tick
-    after; a wait that ends late (a busy host) runs once, at once. ``on_overrun`` and ``on_error``
-    (what ``function`` raised) must not raise. ``stop`` ends the waits at once; a run in progress
+    after; a wait that ends late (a busy host) runs once, at once. ``on_error`` gets what ``function``
+    or ``on_overrun`` raised, and must not raise itself. ``stop`` ends the waits at once; a run in progress
     finishes (nothing can interrupt an NVML call) and no other starts.
     """
 
@@ -109,8 +109,7 @@ class Ticker:
             with self._lock:
                 self._running = None
                 skipped, latest = self._skipped(tick, self._monotonic())
-            for _ in range(skipped):
-                self._on_overrun()
+            self._report(skipped)
             tick = latest + 1
             if self._loop_wait.acquire(True, max(0.0, self._origin + tick * self._interval - self._monotonic())):
                 return  # stopped
@@ -123,11 +122,17 @@ class Ticker:
             with self._lock:
                 running = self._running
                 skipped, latest = (0, self._tick_at(now)) if running is None else self._skipped(running, now)
-            for _ in range(skipped):
-                self._on_overrun()
+            self._report(skipped)
             # while a run overruns, look again at each tick as APScheduler did; else every watch_seconds
             overrunning = running is not None and latest > running
-            wait = self._origin + (latest + 1) * self._interval - now if overrunning else self._watch_seconds
+            wait = max(0.0, self._origin + (latest + 1) * self._interval - now) if overrunning else self._watch_seconds
+
+    def _report(self, skipped: int) -> None:
+        for _ in range(skipped):
+            try:
+                self._on_overrun()
+            except Exception as exc:  # a bug there: the ticks and the watcher go on
+                self._on_error(exc)
 
 
 class SteadyScheduler(BackgroundScheduler):

@@ -157,6 +157,28 @@ def test_wedged_call_skips_runs_without_piling_up_and_resumes(capsys):
         scheduler_poller.stop()
 
 
+def test_a_bug_that_escapes_the_fast_poll_is_logged_and_the_polls_go_on(capsys):
+    """The fast poll's own thread outlives what the poll raises (poll_fast catches the backend's errors
+    itself; this is for a bug around them): one poll_failed line per burst, the next ticks run."""
+    _, backend, store, _ = make(1)
+    poller = Poller(backend, store, SystemClock(), fast_interval=0.02, slow_interval=30.0)
+    calls = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise RuntimeError("a bug")
+
+    poller.poll_fast = broken  # type: ignore[method-assign]  # jobs() takes the bound attribute
+    poller.start()
+    try:
+        wait_for(lambda: len(calls) >= 3, what="polls after the failures")
+    finally:
+        poller.stop()
+    failed = [e for e in log_events(capsys) if e["event"] == "poll_failed"]
+    assert failed and failed[0]["tier"] == "fast" and failed[0]["error"] == "RuntimeError: a bug"
+    assert "RuntimeError" in failed[0]["exception"]
+
+
 def test_xid_events_become_counters_from_zero():
     """The per-GPU XID counter exists at 0 from the start; a code's own series appears with its first event."""
     clock, backend, store, poller = make(1)

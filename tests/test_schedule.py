@@ -134,3 +134,26 @@ def test_stop_ends_the_waits_at_once():
 def test_the_interval_must_be_positive():
     with pytest.raises(ValueError):
         Ticker(Job(), 0.0, print, print, name="t", watch_seconds=1.0)
+
+
+def test_a_failing_overrun_report_is_an_error_not_a_dead_watcher():
+    clock, errors = Clock(), []
+
+    def bad_report() -> None:
+        raise KeyError("a bug in the report")
+
+    job = Job(block=(2,))
+    t = Ticker(job, INTERVAL, bad_report, errors.append, name="test-ticker", watch_seconds=INTERVAL, monotonic=clock)
+    t.start()
+    try:
+        assert job.started.wait(10)
+        clock.now += 3.5 * INTERVAL  # ticks 2 and 3 pass while run 2 (tick 1) hangs
+        wait_for(lambda: len(errors) >= 2, what="both reports to fail")
+        job.gate.set()
+        wait_for(lambda: job.runs >= 4, what="runs going on")
+        assert all(thread.is_alive() for thread in t.threads)
+    finally:
+        job.gate.set()
+        t.stop()
+    assert ended(t)
+    assert [type(e) for e in errors] == [KeyError, KeyError]
