@@ -10,6 +10,11 @@ attribute read imports the real module (and hands the attribute over from then o
 ``functions`` are handed out as functions that import the real module when called. Afterwards
 ``import asyncio`` anywhere gets the real module, as always. Where the module is already imported
 (grpc's ``grpc.aio`` on a Kubernetes node, a test runner), nothing is deferred.
+
+Only libraries that use the module as ``import asyncio`` / ``from asyncio import name`` may load in the
+block: the stand-in is not a package (``import asyncio.events`` there fails with ModuleNotFoundError) and
+has no ``__spec__``. structlog 26 and APScheduler 3.11 are tested so (tests/test_deferred.py); ``load``
+imports a library that needs more as usual, with the real module.
 """
 
 from __future__ import annotations
@@ -52,6 +57,16 @@ def _forwarder(module: str, function: str) -> Callable[..., Any]:
     call.__name__ = call.__qualname__ = function
     call.__module__ = module
     return call
+
+
+def load(library: str, name: str, functions: Collection[str] = ()) -> types.ModuleType:
+    """``import library`` with ``name`` deferred (``deferred``); where the library needs more of ``name``
+    than the stand-in serves (an ImportError while it loads), imported again as usual."""
+    try:
+        with deferred(name, functions):
+            return importlib.import_module(library)
+    except ImportError:
+        return importlib.import_module(library)
 
 
 @contextmanager

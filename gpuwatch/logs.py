@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, TextIO
 
-from gpuwatch.deferred import deferred
+from gpuwatch.deferred import load
 
 # structlog.dev imports rich, better_exceptions and colorama at import time where they are installed
 # (most ML nodes have rich and colorama), for pretty tracebacks and Windows colours in its
@@ -35,8 +35,8 @@ _HIDDEN = [name for name in ("rich", "better_exceptions", "colorama") if name no
 for _name in _HIDDEN:
     sys.modules[_name] = None  # type: ignore[assignment]  # None: "import rich" raises ImportError
 try:
-    with deferred("asyncio"):  # structlog uses it only in its async methods: gpuwatch.deferred
-        import structlog
+    load("structlog", "asyncio")  # structlog uses asyncio only in its async methods: gpuwatch.deferred
+    import structlog
 finally:
     for _name in _HIDDEN:
         if sys.modules.get(_name, 0) is None:

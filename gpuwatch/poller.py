@@ -395,8 +395,12 @@ class Poller:
         self._store.poll_overrun(tier)
         if tier not in self._overrun_logged:
             self._overrun_logged.add(tier)
-            since = self._store.snapshot().tiers[tier].in_flight_since
-            running = None if since is None else round(self._clock.monotonic() - since, 1)
+            state = self._store.snapshot().tiers[tier]
+            # a run that overran by less than the fast tier's watcher looks is reported when it ends: its duration
+            since, ran = state.in_flight_since, state.duration_seconds
+            if since is not None:
+                ran = self._clock.monotonic() - since
+            running = None if ran is None else round(ran, 1)
             # one line per overrun (the next poll to start re-arms it), at most 3 a minute per tier under a
             # storm of short overruns (a busy host), then a summary line with ``repeated``
             self._repeats.log("warning", "poll_overrun", ("poll_overrun", tier), tier=tier, running_seconds=running,

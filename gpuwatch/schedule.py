@@ -5,9 +5,9 @@
   half a second asleep costs this process about 0.12 ms of CPU on the bench's VM: a tick under
   APScheduler cost 0.46 ms with an empty job, on its own thread 0.14 ms (docs/performance.md).
   A tick that comes while the poll still runs is skipped and reported (``on_overrun``), as
-  APScheduler's ``max_instances`` did; a watcher thread, which wakes every ``watch_seconds``
-  while the polls keep time, reports those of a poll that does not return (a wedged NVML call)
-  as they pass.
+  APScheduler's ``max_instances`` did; a watcher thread, which looks every ``watch_seconds``
+  while the polls keep time (and at the next tick when it finds one running), reports those of
+  a poll that does not return (a wedged NVML call) as they pass.
 - ``SteadyScheduler``: APScheduler's BackgroundScheduler for the other jobs (the slow poll, the
   host groups), immune to wall-clock steps.
 """
@@ -20,13 +20,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from gpuwatch.deferred import deferred
+from gpuwatch.deferred import load
 from gpuwatch.logs import get_logger
 
-with deferred("asyncio", functions=("iscoroutinefunction",)):  # APScheduler's asyncio executor only
-    from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
-    from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.schedulers.background import BackgroundScheduler
+# APScheduler uses asyncio for its asyncio executor only: gpuwatch.deferred
+load("apscheduler.schedulers.background", "asyncio", functions=("iscoroutinefunction",))
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent  # noqa: E402  (loaded above)
+from apscheduler.executors.pool import ThreadPoolExecutor  # noqa: E402
+from apscheduler.schedulers.background import BackgroundScheduler  # noqa: E402
 
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
@@ -116,16 +117,25 @@ class Ticker:
             tick = max(tick, self._tick_at(self._monotonic()))  # woke late: this run stands for the ticks missed
 
     def _watch(self) -> None:
-        wait = self._watch_seconds
+        wait, watched = self._watch_seconds, None
         while not self._watch_wait.acquire(True, wait):
             now = self._monotonic()
             with self._lock:
                 running = self._running
                 skipped, latest = (0, self._tick_at(now)) if running is None else self._skipped(running, now)
             self._report(skipped)
-            # while a run overruns, look again at each tick as APScheduler did; else every watch_seconds
-            overrunning = running is not None and latest > running
-            wait = max(0.0, self._origin + (latest + 1) * self._interval - now) if overrunning else self._watch_seconds
+            wait, watched = self.next_look(running, watched, latest, now)
+
+    def next_look(self, running: int | None, watched: int | None, latest: int, now: float) -> tuple[float, int | None]:
+        """The watcher's next wait, and the run it follows, after a look at ``now`` found the run of tick
+        ``running`` in progress (None: none), ``latest`` the newest tick. A run it finds in progress is
+        looked at again at its next tick, and at each tick while it overruns (as APScheduler did), so the
+        first skipped tick is reported as it passes; when the run it followed has ended (none, or another in
+        progress: a run that was on time), it looks every ``watch_seconds`` again."""
+        overrunning = running is not None and latest > running
+        if running is None or (not overrunning and watched is not None and running != watched):
+            return self._watch_seconds, None
+        return max(0.0, self._origin + (latest + 1) * self._interval - now), running
 
     def _report(self, skipped: int) -> None:
         for _ in range(skipped):

@@ -80,3 +80,18 @@ print(isinstance(json, LoadedOnUse), "json" in sys.modules, dumps([1]), loads("[
 print(type(sys.modules["json"]).__name__, hasattr(json, "__path__"))
 """)
     assert out == ["True", "True", "[1]", "[2]", "JSONDecodeError", "module", "False"]
+
+
+def test_a_library_that_needs_more_than_the_stand_in_serves_is_loaded_as_usual(tmp_path):
+    """A future structlog or APScheduler that imports asyncio's submodules at package level: load() gets the
+    ImportError the stand-in causes and imports the library again with the real asyncio: a node starts."""
+    (tmp_path / "needs_more").mkdir()
+    (tmp_path / "needs_more" / "__init__.py").write_text("import asyncio.events\nOK = asyncio.events.get_event_loop_policy\n")
+    out = run(f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+from gpuwatch.deferred import load
+library = load("needs_more", "asyncio")
+print(type(sys.modules["asyncio"]).__name__, callable(library.OK))
+""")
+    assert out == ["module", "True"]

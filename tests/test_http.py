@@ -1,11 +1,16 @@
 """HTTP endpoints over a real listening server: landing page, metrics, health, errors."""
 
 import gzip
+import socket
+import threading
 import urllib.error
 import urllib.request
 
 import pytest
+from daemon import wait_for
 
+import gpuwatch.logs as logs
+import gpuwatch.web.server as server
 from gpuwatch.clock import FakeClock
 from gpuwatch.poller import Poller
 from gpuwatch.store import Store
@@ -131,3 +136,51 @@ def test_connection_threads_are_kept_for_the_next_scrape_and_bounded():
         release.set()
         servers.close()
     wait_for(lambda: not conns(), what="close to end the kept threads")
+
+
+def test_a_client_that_stops_reading_costs_one_send_timeout(monkeypatch, capsys):
+    """The response is buffered: when its send times out (the client does not read), what is left is dropped,
+    not sent again at the flush and at the close (each would hold the connection's thread REQUEST_TIMEOUT
+    more, three in all); one debug line, and the thread is free for the next connection."""
+    body = b"x" * 60_000  # under the 64 KiB buffer: it all waits in the buffer for one send
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    monkeypatch.setattr(server, "REQUEST_TIMEOUT", 0.5)
+    timeouts = []
+    send = socket.socket.send
+
+    def counted(self, data, *flags):
+        try:
+            return send(self, data, *flags)
+        except TimeoutError:
+            timeouts.append(threading.current_thread().name)
+            raise
+
+    monkeypatch.setattr(socket.socket, "send", counted)
+    setup = server._Handler.setup
+
+    def small_buffer(self):
+        self.request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        setup(self)
+
+    monkeypatch.setattr(server._Handler, "setup", small_buffer)
+    logs.configure("debug", "json")
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    host, port = servers.servers[0].server_address[:2]
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    try:
+        client.connect((host, port))
+        client.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        wait_for(lambda: servers.servers[0]._idle == 1, what="the connection's thread free again")
+    finally:
+        client.close()
+        servers.close()
+        logs.configure("info", "json")
+    assert timeouts == ["gpuwatch-http-conn"]
+    errors = [line for line in capsys.readouterr().err.splitlines() if "http_connection_error" in line]
+    assert len(errors) == 1

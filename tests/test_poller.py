@@ -288,6 +288,18 @@ def test_rules_run_about_every_4_s_at_faster_polls_and_while_such_polls_stall():
         assert len(gaps) >= 5 and max(gaps) <= 4.0 + interval + 0.2 <= max(3 * interval, 10.0)
 
 
+def test_a_short_overrun_reported_after_its_poll_says_how_long_the_poll_ran(capsys):
+    """The fast poll's own thread reports a tick that a poll overlapped by a little when the poll has ended
+    (the watcher looks only every 4 s): running_seconds is then that poll's duration, not null."""
+    clock, backend, store, poller = make(1)
+    poller.poll_fast()
+    ran = store.snapshot().tiers["fast"].duration_seconds
+    assert ran is not None and store.snapshot().tiers["fast"].in_flight_since is None
+    poller._overrun("fast")
+    [line] = [e for e in log_events(capsys) if e["event"] == "poll_overrun"]
+    assert line["running_seconds"] == round(ran, 1)
+
+
 def test_a_storm_of_short_overruns_is_three_lines_a_minute_and_a_summary(capsys):
     """A busy host makes short polls overrun now and then: each overrun is one poll_overrun line (the next
     poll re-arms it), but at most 3 a minute per tier, then one line with how many were held back."""

@@ -157,3 +157,19 @@ def test_a_failing_overrun_report_is_an_error_not_a_dead_watcher():
         t.stop()
     assert ended(t)
     assert [type(e) for e in errors] == [KeyError, KeyError]
+
+
+def test_the_watcher_follows_a_run_it_finds_to_its_next_tick_and_no_further():
+    """A run found in progress is looked at again at its next tick (its first skipped tick is reported as it
+    passes, not one watch period later), and at each tick while it overruns; once it has ended on time the
+    watcher looks every watch_seconds again, even if the next run is in progress at that look."""
+    t = Ticker(Job(), 2.0, print, print, name="t", watch_seconds=4.0, monotonic=Clock())
+    t._origin = 100.0
+    look = t.next_look
+    assert look(None, None, 5, 110.5) == (4.0, None)  # nothing running: every watch_seconds
+    assert look(5, None, 5, 110.5) == (1.5, 5)  # run 5 in progress, on time so far: look at tick 6 (112)
+    assert look(5, 5, 6, 112.0) == (2.0, 5)  # still run 5 at tick 6: overrunning, look at each tick
+    assert look(5, 5, 5, 111.75) == (0.25, 5)  # woke before tick 6 (a clock a hair behind): look again at it
+    assert look(6, 5, 6, 112.0) == (4.0, None)  # run 5 ended on time, run 6 just started: back to 4 s
+    assert look(6, 5, 8, 116.5) == (1.5, 6)  # run 6 is overrunning already: follow it
+    assert look(7, None, 9, 119.0) == (1.0, 7)

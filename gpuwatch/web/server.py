@@ -101,6 +101,7 @@ class _ServerHandler(ServerHandler):
         exc = exc_info[1]
         if isinstance(exc, OSError):  # the client went away or timed out, a TLS error mid-response
             _log().debug("http_connection_error", error=_reason(exc))
+            self.request_handler.write_failed = True  # type: ignore[attr-defined]  # set by _Handler.handle
         else:  # a bug in the app: worth a traceback, in the log's own format
             _log().error("http_handler_failed", error=repr(exc), exc_info=exc_info)
 
@@ -116,6 +117,7 @@ class _Handler(WSGIRequestHandler):
     # headers and a body up to the buffer's size): unbuffered, each header line and the body went out in a
     # send of its own, five system calls of loopback TCP a scrape, a quarter of a request's CPU.
     wbufsize = 1 << 16
+    write_failed = False  # a send of the response failed (a client that stopped reading, or went away)
     error_content_type = "text/plain; charset=utf-8"
     error_message_format = "%(code)d %(message)s\n"
 
@@ -137,6 +139,24 @@ class _Handler(WSGIRequestHandler):
             self.send_error(400, "Bad request method: not an HTTP token")
             return False
         return True
+
+    def finish(self) -> None:
+        """StreamRequestHandler's flush and close, with one try at sending: after a failed send what the
+        buffer still holds is dropped (the socket made non-blocking first), not sent again at the flush
+        and at the close, each of which would wait REQUEST_TIMEOUT more for a client that does not read."""
+        try:
+            if not self.write_failed and not self.wfile.closed:
+                try:
+                    self.wfile.flush()  # what http.server's error answers left in the buffer
+                except OSError:
+                    self.write_failed = True
+            if self.write_failed:
+                self.connection.settimeout(0.0)
+            self.wfile.close()
+        except OSError:  # the close's flush of what was dropped
+            pass
+        finally:
+            self.rfile.close()
 
     def get_environ(self) -> dict[str, Any]:
         environ = super().get_environ()
