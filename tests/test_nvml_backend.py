@@ -341,6 +341,28 @@ def test_a_library_copied_as_a_text_file_says_how_to_link_it(tmp_path):
     assert f"ln -sf {lib / 'libnvidia-ml.so.550.163.01'} /tmp/nvml/libnvidia-ml.so.1" in down["hint"]
 
 
+@pytest.mark.daemon
+def test_a_library_copied_as_a_text_file_is_followed_as_the_link_it_was(tmp_path):
+    """The same copy where the file it names is a real library (NVIDIA's mock in shared/): gpuwatch loads that
+    library as the link would have, says once how to mend the copy, and monitors the GPUs."""
+    fx = fakenvml.prepare(tmp_path / "fx", fakenvml.FakeNode.l40s(2))
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libnvidia-ml.so.570.1").write_bytes((fx.lib_dir / "libnvidia-ml.so.1").read_bytes())
+    (lib / "libnvidia-ml.so.1").write_text("libnvidia-ml.so.570.1")
+    env = {k: v for k, v in fx.env.items() if not k.startswith("GPUWATCH_")}
+    env["LD_LIBRARY_PATH"] = str(lib)
+    result = subprocess.run([sys.executable, "-m", "gpuwatch", "once", "--log.format", "json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    (copied,) = [e for e in events if e["event"] == "nvml_library_copied_symlink"]
+    assert copied["library"] == str(lib / "libnvidia-ml.so.570.1")
+    assert f"ln -sf {lib / 'libnvidia-ml.so.570.1'} /tmp/nvml/libnvidia-ml.so.1" in copied["hint"]
+    assert not [e for e in events if e["event"] == "backend_down"]
+    assert result.stdout.count("gpuwatch_gpu_up{") == 2
+
+
 def test_ctypes_layouts_are_made_once_not_per_reader():
     """A ctypes class is a graph that only a full collection frees: readers made again at every MIG
     reconfiguration and discovery (GPM samplers, fabric readers) share one class per layout."""

@@ -13,7 +13,7 @@ import pynvml as N
 
 from gpuwatch.backends.base import EVENT_WAIT_SECONDS
 from gpuwatch.backends.nvml.calls import Batch, Texts, handle_key
-from gpuwatch.backends.nvml.codes import BACKEND_GONE, LOST, UNSUPPORTED, is_gone, unavailable
+from gpuwatch.backends.nvml.codes import BACKEND_GONE, LOST, UNSUPPORTED, follow_copied_symlink, is_gone, unavailable
 from gpuwatch.backends.nvml.funnel import Probe, Query
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups import Selection, fieldids
@@ -64,7 +64,12 @@ class NvmlBackend:
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self) -> DriverInfo:
         try:
-            N.nvmlInit()
+            try:
+                N.nvmlInit()
+            except N.NVMLError as exc:
+                if exc.value != N.NVML_ERROR_LIBRARY_NOT_FOUND or not follow_copied_symlink():
+                    raise
+                N.nvmlInit()
         except N.NVMLError as exc:
             raise unavailable(exc) from None
         self._open = True

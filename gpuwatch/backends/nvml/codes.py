@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import pynvml as N
 
 from gpuwatch.errors import BackendUnavailable, DeviceLost
+from gpuwatch.logs import get_logger
 
 ERROR_NAMES: dict[int, str] = {
     getattr(N, name): name[len("NVML_ERROR_"):].lower()
@@ -43,9 +45,10 @@ BACKEND_GONE = {
 
 LIBRARY = "libnvidia-ml.so.1"  # what pynvml loads on Linux
 
-def copied_symlink_hint() -> str | None:
-    """A libnvidia-ml.so.1 on LD_LIBRARY_PATH that is no library but a few bytes of text naming one beside it: a
-    symlink copied as a file (a tarball or a copy tool that does not keep links). The hint says how to mend it."""
+def copied_symlink() -> tuple[str, str] | None:
+    """(path, the library it names) for a libnvidia-ml.so.1 on LD_LIBRARY_PATH that is no library but a few
+    bytes of text naming one beside it: a symlink copied as a file (a tarball or a copy tool that does not
+    keep links; NVIDIA's mock arrives so in shared/)."""
     for directory in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)):
         path = os.path.join(directory, LIBRARY)
         try:
@@ -56,12 +59,36 @@ def copied_symlink_hint() -> str | None:
         except OSError:
             continue
         if target and "/" not in target and os.path.isfile(os.path.join(directory, target)):
-            real = os.path.join(os.path.abspath(directory), target)
-            return (f"{path} is not a library but a text file naming {target}: a symlink copied as a file. Link "
-                    f"it in a directory of your own (`mkdir -p /tmp/nvml && ln -sf {real} /tmp/nvml/{LIBRARY}`) "
-                    "and put that directory first on LD_LIBRARY_PATH; gpuwatch keeps retrying")
+            return path, os.path.join(os.path.abspath(directory), target)
     return None
 
+
+def copied_symlink_hint() -> str | None:
+    """How to mend a libnvidia-ml.so.1 copied as a text file (copied_symlink), or None."""
+    found = copied_symlink()
+    if found is None:
+        return None
+    path, real = found
+    return (f"{path} is not a library but a text file naming {os.path.basename(real)}: a symlink copied as a "
+            f"file. Link it in a directory of your own (`mkdir -p /tmp/nvml && ln -sf {real} /tmp/nvml/{LIBRARY}`) "
+            "and put that directory first on LD_LIBRARY_PATH")
+
+
+def follow_copied_symlink() -> bool:
+    """Load the library that a libnvidia-ml.so.1 copied as a text file names, as the link would have: pynvml's
+    next load of libnvidia-ml.so.1 then finds it loaded (its soname). Logged with how to mend the copy. False
+    where there is no such file or what it names does not load."""
+    found = copied_symlink()
+    if found is None:
+        return False
+    path, real = found
+    try:
+        ctypes.CDLL(real, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    get_logger(component="nvml").warning("nvml_library_copied_symlink", path=path, library=real,
+                                         hint=copied_symlink_hint())
+    return True
 
 
 def is_gone(code: int) -> bool:
@@ -75,7 +102,8 @@ def unavailable(exc: N.NVMLError) -> BackendUnavailable:
     reason, hint = BACKEND_GONE.get(
         exc.value, (ERROR_NAMES.get(exc.value, "unknown"), "check `nvidia-smi`; gpuwatch keeps retrying"))
     if exc.value == N.NVML_ERROR_LIBRARY_NOT_FOUND:
-        hint = copied_symlink_hint() or hint
+        copied = copied_symlink_hint()
+        hint = f"{copied}; gpuwatch keeps retrying" if copied else hint
     return BackendUnavailable(reason, f"NVML: {exc}", hint)
 
 
