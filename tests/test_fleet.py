@@ -9,6 +9,7 @@ at the 2 s evaluation interval); promtool's cases check the hold times and inter
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -83,6 +84,12 @@ def test_each_facility_fault_fires_exactly_its_own_alert(fleet):
                 ("GpuwatchRoomCooling", "hall-2"), ("GpuwatchRackPowerBudget", "r1"),
                 ("GpuwatchPduPowerBudget", "pdu-r3")}
     wait_for(lambda: firing(fleet) >= expected, 90, "the facility alerts to fire")
+    # The tests' rules hold for 0 s (quick()): while the recording rules' groups catch up with one another an
+    # evaluation can see one room's median before the site's and fire for that one evaluation (seen once in
+    # six full runs: GpuwatchRoomCooling{room="hall-1"}), which the shipped 10 minute hold never would. The
+    # set settles to exactly the faults' alerts, or the wait fails with what fires instead.
+    with contextlib.suppress(AssertionError):  # a timeout: the assertion below shows what fires instead
+        wait_for(lambda: firing(fleet) == expected, 60, "exactly the faults' alerts")
     assert firing(fleet) == expected
     # the one hot GPU is its node's thermal_outlier, and nowhere else is there one
     wait_for(lambda: fleet.result('gpuwatch_anomaly{rule="thermal_outlier"} == 1'), 60, "thermal_outlier on r3-n1")
