@@ -1,5 +1,7 @@
 """Modules that a library imports but uses only in code gpuwatch never runs: imported on first use.
 
+Two ways, for two shapes of library (``deferred`` and ``parts_of``, below).
+
 structlog (``structlog.stdlib``, ``structlog._native``) imports asyncio for its async log methods
 (``ainfo``...) and APScheduler (``apscheduler.util``) takes ``asyncio.iscoroutinefunction`` for its
 asyncio and Tornado executors. gpuwatch is a daemon of threads that uses neither, and asyncio is
@@ -15,11 +17,21 @@ Only libraries that use the module as ``import asyncio`` / ``from asyncio import
 block: the stand-in is not a package (``import asyncio.events`` there fails with ModuleNotFoundError) and
 has no ``__spec__``. structlog 26 and APScheduler 3.11 are tested so (tests/test_deferred.py); ``load``
 imports a library that needs more as usual, with the real module.
+
+prometheus_client's package ``__init__`` imports its own HTTP servers, push-gateway client and ASGI
+app (``prometheus_client.exposition``), which import ``ssl``, ``hashlib``, ``urllib.request`` at
+module level and read ``ssl`` constants in default arguments: OpenSSL's libcrypto mapped and
+initialised, 5 MB of resident memory, for code gpuwatch never calls (it serves with its own server).
+``parts_of("prometheus_client")`` puts the package in ``sys.modules`` without running its
+``__init__``: its submodules (``prometheus_client.registry``, ``.process_collector``...) import as
+usual; the first read of a name the ``__init__`` defines (``from prometheus_client import Counter``
+anywhere, later) runs it then, in the same module object, as ``import prometheus_client`` would have.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import threading
 import types
@@ -27,7 +39,8 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered: a package's __init__ reads its own names while it runs
+_running: set[str] = set()  # the packages whose __init__ runs now
 
 
 def _real(name: str) -> types.ModuleType:
@@ -85,3 +98,50 @@ def deferred(name: str, functions: Collection[str] = ()) -> Iterator[None]:
         with _lock:
             if sys.modules.get(name) is stand_in:
                 del sys.modules[name]
+
+
+class PackageOnUse(types.ModuleType):
+    """A package whose ``__init__`` has not run yet: it runs at the first read of a name it does not have.
+
+    Its ``__path__``, ``__spec__``, ``__file__`` are set as for any package (submodules import through
+    them); a submodule once imported is an attribute as usual. Reads during the ``__init__`` itself
+    (``from . import x`` asks for ``x`` first) find what exists so far, as in a normal import.
+    """
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") and attribute.endswith("__") and attribute != "__all__":
+            raise AttributeError(attribute)  # the import system's questions: answered as by a plain package
+        with _lock:  # another thread waits here for the __init__ to end; its own reads pass through
+            if type(self) is PackageOnUse and self.__name__ not in _running:
+                _running.add(self.__name__)
+                try:
+                    spec = self.__spec__
+                    assert spec is not None and spec.loader is not None
+                    spec.loader.exec_module(self)
+                except BaseException:
+                    sys.modules.pop(self.__name__, None)  # as a failed import: the next one tries again
+                    raise
+                finally:
+                    _running.discard(self.__name__)
+                    self.__class__ = types.ModuleType  # type: ignore[assignment]  # a plain module from now on
+        try:
+            return self.__dict__[attribute]
+        except KeyError:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attribute!r}") from None
+
+
+def parts_of(package: str) -> types.ModuleType:
+    """``package`` in ``sys.modules`` with its ``__init__`` not run until one of its own names is read
+    (``PackageOnUse``); the package as it is where it was imported already. Raises ImportError where it
+    is not installed."""
+    with _lock:
+        module = sys.modules.get(package)
+        if module is not None:
+            return module
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+            raise ImportError(f"{package} is not an installed package", name=package)
+        module = importlib.util.module_from_spec(spec)
+        module.__class__ = PackageOnUse
+        sys.modules[package] = module
+        return module

@@ -1,4 +1,5 @@
-"""asyncio, which structlog and APScheduler import but gpuwatch never runs, is imported only when used.
+"""What libraries import but gpuwatch never runs is imported only when used: asyncio (structlog,
+APScheduler), OpenSSL through ssl and hashlib (prometheus_client's HTTP servers, http.client).
 
 Each case runs in a fresh interpreter: what a process has imported cannot be undone in this one.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 
 def run(code: str) -> list[str]:
@@ -95,3 +98,89 @@ library = load("needs_more", "asyncio")
 print(type(sys.modules["asyncio"]).__name__, callable(library.OK))
 """)
     assert out == ["module", "True"]
+
+
+# -- OpenSSL: ssl, hashlib, and prometheus_client's package __init__ ---------------------------------
+
+OPENSSL = ("ssl", "_ssl", "hashlib", "_hashlib", "urllib.request", "prometheus_client.exposition")
+
+
+def test_the_agent_loads_without_openssl_and_prometheus_client_completes_on_first_use():
+    """The daemon's import graph loads neither ssl nor hashlib (OpenSSL's libcrypto: 5 MB); prometheus_client
+    is there without its __init__ until one of its own names is read, then whole, in the same object."""
+    out = run(f"""
+import sys
+import gpuwatch.cli.run, gpuwatch.agent, gpuwatch.web.server, gpuwatch.exporter.render
+print([m for m in {OPENSSL!r} if m in sys.modules] or "none")
+package = sys.modules["prometheus_client"]
+print(type(package).__name__, "process_collector" in vars(package), "Counter" in vars(package))
+from prometheus_client import Counter, CollectorRegistry, generate_latest
+registry = CollectorRegistry()
+Counter("ran", "once", registry=registry).inc()
+print(type(sys.modules["prometheus_client"]).__name__, sys.modules["prometheus_client"] is package,
+      "prometheus_client.exposition" in sys.modules, b"ran_total 1.0" in generate_latest(registry))
+""")
+    assert out == ["none", "PackageOnUse", "True", "False", "module", "True", "True", "True"]
+
+
+def test_a_package_without_its_init_runs_it_once_on_the_first_read_of_its_own_names(tmp_path):
+    """parts_of: submodules import without the __init__; the first read of a name only the __init__ makes
+    runs it once (its own reads and ``from . import`` inside it pass through); an __init__ that fails is
+    an import that failed (the next import tries again); an installed package that is not there is an
+    ImportError."""
+    pkg = tmp_path / "heavy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import os\nRUNS = int(os.environ.get('RUNS', '0')) + 1\nos.environ['RUNS'] = str(RUNS)\n"
+        "if os.environ.get('FAIL') == str(RUNS):\n    raise RuntimeError('init failed')\n"
+        "from . import part, other\nNAME = part.VALUE + other.VALUE\n")
+    (pkg / "part.py").write_text("VALUE = 'a'\n")
+    (pkg / "other.py").write_text("VALUE = 'b'\n")
+    out = run(f"""
+import os, sys
+sys.path.insert(0, {str(tmp_path)!r})
+from gpuwatch.deferred import parts_of
+os.environ["FAIL"] = "1"
+package = parts_of("heavy")
+from heavy.part import VALUE
+print(VALUE, os.environ.get("RUNS", "0"), type(package).__name__)
+try:
+    from heavy import NAME
+except RuntimeError as exc:
+    print("failed:", exc.args[0].replace(" ", "_"), "heavy" in sys.modules)
+import heavy
+print(heavy.NAME, heavy.RUNS, heavy.part is sys.modules["heavy.part"], heavy is not package)
+print(parts_of("heavy") is heavy, heavy.NAME, os.environ["RUNS"])
+try:
+    parts_of("not_installed_anywhere")
+except ImportError as exc:
+    print("ImportError", exc.name)
+""")
+    assert out == ["a", "0", "PackageOnUse", "failed:", "init_failed", "False", "ab", "2", "True", "True",
+                   "True", "ab", "2", "ImportError", "not_installed_anywhere"]
+
+
+@pytest.mark.daemon
+def test_a_plain_daemon_never_maps_openssl(tmp_path):
+    """`gpuwatch run` over the fake library, scraped in both formats, gzip, and /healthz and /status:
+    libcrypto and libssl are not in its address space (the TLS and basic-auth daemon loads them:
+    tests/test_webconfig.py::test_the_daemon_serves_mtls_and_basic_auth_and_check_speaks_them)."""
+    import urllib.request
+
+    import fakenvml
+    from daemon import Daemon, fake_env, wait_for
+
+    fx = fakenvml.prepare(tmp_path, fakenvml.FakeNode.h200(2))
+    d = Daemon(tmp_path, fake_env(fx))
+    try:
+        wait_for(lambda: "\ngpuwatch_temperature_celsius{" in d.get("/metrics")[1], what="a first reading")
+        for accept in ("application/openmetrics-text; version=1.0.0", "text/plain;version=0.0.4", ""):
+            request = urllib.request.Request(d.base + "/metrics", headers={"Accept": accept,
+                                                                            "Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200 and response.read()
+        assert d.get("/healthz")[0] == 200 and d.get("/api/v1/status")[0] == 200
+        maps = open(f"/proc/{d.proc.pid}/maps").read()
+        assert "libcrypto" not in maps and "libssl" not in maps and "_hashlib" not in maps
+    finally:
+        d.stop()

@@ -2,6 +2,8 @@
 
 import re
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch import logs
@@ -271,3 +273,37 @@ def test_gzip_body_is_one_member_and_follows_the_process_metrics_from_second_to_
         clock.advance(1.0)  # the same snapshot, a new second: a new process_* tail
         if step == 2:
             store.put_fast(gpus[3].identity.uuid, fast_sample(temperature_celsius=70.0))
+
+
+_ACCEPT_PART = st.one_of(
+    st.sampled_from(["application/openmetrics-text", "text/plain", "*/*", "application/json", " text/plain "]),
+    st.sampled_from(["version=1.0.0", "version=0.0.1", "version=0.0.4", "version=2.0.0", "version=1.0.0.1",
+                     "version=", "escaping=allow-utf-8", "escaping=underscores", "escaping=dots", "escaping=values",
+                     "escaping=bogus", "charset=utf-8", "q=0.5", " version=1.0.0", "version=10"]),
+    st.text(alphabet="abcdeftxp/-=.;, 01", max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_ACCEPT_PART, min_size=1, max_size=4).map(";".join), max_size=4).map(",".join))
+def test_content_type_negotiation_is_prometheus_clients(accept):
+    """gpuwatch negotiates the format without loading prometheus_client.exposition (and OpenSSL with it):
+    the same answer as its choose_encoder for every Accept header it answers; where choose_encoder raises
+    (a version that is not numbers) gpuwatch passes the entry over."""
+    from prometheus_client.exposition import choose_encoder
+
+    from gpuwatch.exporter import content_type
+
+    try:
+        theirs = choose_encoder(accept)[1]
+    except TypeError:
+        assert content_type(accept).startswith(("text/plain", "application/openmetrics-text"))
+        return
+    assert content_type(accept) == theirs
+
+
+def test_an_accept_version_that_is_not_numbers_is_passed_over():
+    from gpuwatch.exporter import content_type
+
+    assert content_type("application/openmetrics-text; version=abc") == "text/plain; version=0.0.4; charset=utf-8"
+    assert content_type("text/plain; version=1.x, application/openmetrics-text; version=1.0.0").startswith(
+        "application/openmetrics-text; version=1.0.0")

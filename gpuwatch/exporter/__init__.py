@@ -8,27 +8,79 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-from prometheus_client.utils import floatToGoString
+from gpuwatch.deferred import parts_of
 
-from gpuwatch import __version__, logs
-from gpuwatch.clock import Clock
-from gpuwatch.exporter.render import Renderer, build_labels, freshness_key
-from gpuwatch.groups.selection import Selection
-from gpuwatch.model import NodeSnapshot
+# prometheus_client's parts without its package __init__, whose HTTP servers and push client import ssl,
+# hashlib and urllib.request: 5 MB of resident memory for code gpuwatch never runs (gpuwatch.deferred).
+parts_of("prometheus_client")
+
+from prometheus_client.metrics_core import Metric  # noqa: E402
+from prometheus_client.openmetrics.exposition import ALLOWUTF8, DOTS, UNDERSCORES, VALUES  # noqa: E402
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE  # noqa: E402
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest  # noqa: E402
+from prometheus_client.process_collector import ProcessCollector  # noqa: E402
+from prometheus_client.registry import CollectorRegistry  # noqa: E402
+from prometheus_client.utils import floatToGoString, parse_version  # noqa: E402
+
+from gpuwatch import __version__, logs  # noqa: E402
+from gpuwatch.clock import Clock  # noqa: E402
+from gpuwatch.exporter.render import Renderer, build_labels, freshness_key  # noqa: E402
+from gpuwatch.groups.selection import Selection  # noqa: E402
+from gpuwatch.model import NodeSnapshot  # noqa: E402
 
 OPENMETRICS_EOF = "# EOF\n"
 GZIP_MIN_BYTES = 1024  # smaller bodies go uncompressed
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TEXT_1_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
+_ESCAPINGS = (ALLOWUTF8, UNDERSCORES, DOTS, VALUES)
+
+
+def _accept_parameter(tokens: list[str], name: str) -> str:
+    for token in tokens:
+        if "=" in token:
+            key, value = token.strip().split("=", 1)
+            if key == name:
+                return value
+    return ""
+
+
+def _at_least_1(version: str) -> bool:
+    try:
+        return bool(version) and parse_version(version) >= (1, 0, 0)
+    except TypeError:  # "abc", "1.x": prometheus_client's choose_encoder raises here; not a version we have
+        return False
+
+
+def content_type(accept: str) -> str:
+    """The Content-Type that answers a request's Accept header: prometheus_client's negotiation
+    (``exposition.choose_encoder``, whose module gpuwatch does not load; tests/test_render.py holds the
+    two equal): OpenMetrics where it is asked for, the text format otherwise, each with the escaping
+    scheme the client names when it names a version it can have. A version that is not numbers
+    (``version=abc``), on which choose_encoder raises, is passed over as one too old."""
+    for accepted in (accept or "").split(","):
+        tokens = accepted.split(";")
+        kind = tokens[0].strip()
+        if kind not in ("application/openmetrics-text", "text/plain"):
+            continue
+        version = _accept_parameter(tokens, "version")
+        escaping = _accept_parameter(tokens, "escaping")
+        escaping = escaping if escaping in _ESCAPINGS else UNDERSCORES
+        if kind == "application/openmetrics-text":
+            if not version:
+                return OPENMETRICS_CONTENT_TYPE
+            if _at_least_1(version):
+                return f"application/openmetrics-text; version={version}; charset=utf-8; escaping={escaping}"
+        elif _at_least_1(version):
+            return f"{TEXT_1_CONTENT_TYPE}; escaping={escaping}"
+    return TEXT_CONTENT_TYPE
 
 
 class _ProcessMetrics:
     """prometheus_client's ProcessCollector (process_cpu_seconds_total, process_resident_memory_bytes,
-    ...) in either format. Its families' headers come from prometheus_client's own encoders, once;
-    after that a render formats only the values (the full encoder validates and escapes every name
-    again, a quarter of an exposition's cost)."""
+    ...) in either format. Its families' headers are made once (OpenMetrics: prometheus_client's own
+    encoder; text: its munging of a gauge or counter family, held equal to its encoder in
+    tests/test_render.py); after that a render formats only the values (the full encoder validates and
+    escapes every name again, a quarter of an exposition's cost)."""
 
     def __init__(self) -> None:
         self._collector = ProcessCollector(registry=None)
@@ -42,12 +94,19 @@ class _ProcessMetrics:
                 continue
             header = self._headers.get((family.name, openmetrics))
             if header is None:
-                encoded = self._encode(family, openmetrics)
-                header = self._headers[(family.name, openmetrics)] = "".join(
-                    line + "\n" for line in encoded.splitlines() if line.startswith("#"))
+                header = self._headers[(family.name, openmetrics)] = self._header(family, openmetrics)
             out.append(header)
             out.extend(f"{sample.name} {floatToGoString(sample.value)}\n" for sample in family.samples)
         return "".join(out)
+
+    @classmethod
+    def _header(cls, family: Metric, openmetrics: bool) -> str:
+        if openmetrics or family.type not in ("gauge", "counter"):
+            encoded = cls._encode(family, openmetrics)
+            return "".join(line + "\n" for line in encoded.splitlines() if line.startswith("#"))
+        name = family.name + "_total" if family.type == "counter" else family.name
+        help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        return f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n"
 
     @staticmethod
     def _encode(family: Metric, openmetrics: bool) -> str:
@@ -55,6 +114,8 @@ class _ProcessMetrics:
         registry.register(_One(family))
         if openmetrics:
             return openmetrics_latest(registry).decode()[: -len(OPENMETRICS_EOF)]
+        from prometheus_client.exposition import generate_latest  # with ssl: for what ProcessCollector never yields
+
         return generate_latest(registry).decode()
 
 
@@ -123,7 +184,7 @@ class Exposition:
     @staticmethod
     def content_type(accept: str) -> str:
         """The Content-Type to answer a request's Accept header with (OpenMetrics if it asks for it)."""
-        return str(choose_encoder(accept)[1])
+        return content_type(accept)
 
     def render(self, openmetrics: bool = False, compress: bool = False) -> tuple[bytes, bool]:
         """(body, gzip-compressed) of the format asked for; compressed only if asked and worth it."""
@@ -164,4 +225,4 @@ def build_exposition(snapshot: Callable[[], NodeSnapshot], clock: Clock, stalene
     return Exposition(snapshot, clock, staleness, process_metrics, selection)
 
 
-__all__ = ["Exposition", "build_exposition", "__version__"]
+__all__ = ["Exposition", "build_exposition", "content_type", "__version__"]

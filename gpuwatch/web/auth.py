@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -32,6 +31,8 @@ class Authenticator:
         user, password = credentials
         hashed = users.get(user)
         secret = password.encode("utf-8", "surrogateescape")[:BCRYPT_MAX]
+        import hashlib  # here, as bcrypt below: a node without basic auth never loads OpenSSL's libcrypto
+
         key = hashlib.sha256(b"\0".join([user.encode("utf-8", "surrogateescape"), (hashed or "").encode(),
                                          secret])).digest()
         if hashed is not None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import http.client
-import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuwatch.web.auth import basic_header
 from gpuwatch.web.config import TlsServerConfig, WebConfig
+
+if TYPE_CHECKING:
+    import http.client
 
 # -- the client side, for `gpuwatch check` ------------------------------------------------------------
 
@@ -22,6 +24,8 @@ def read_secret(path: str) -> str:
 
 
 def _leaf_der(cert_file: str) -> bytes:
+    import ssl
+
     text = Path(cert_file).read_text(encoding="ascii", errors="replace")
     start = text.index("-----BEGIN CERTIFICATE-----")
     end = text.index("-----END CERTIFICATE-----", start) + len("-----END CERTIFICATE-----")
@@ -38,6 +42,9 @@ def local_get(host: str, port: int, path: str, config: WebConfig | None, *, user
     A client certificate is presented when ``client_cert`` is given. Returns (status, body); raises
     LocalRequestError (an OSError) when there is no answer, its message saying why, without the URL.
     """
+    import http.client  # here: the daemon, which never asks, does not load OpenSSL for it
+    import ssl
+
     headers = {"Accept": "application/json", "Connection": "close"}
     if username is not None:
         headers["Authorization"] = basic_header(username, password or "")

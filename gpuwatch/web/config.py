@@ -28,26 +28,25 @@ from __future__ import annotations
 
 import os
 import re
-import ssl
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwatch import logs
 from gpuwatch.errors import ConfigError
 from gpuwatch.yamlfile import read_yaml
 
+if TYPE_CHECKING:
+    import ssl  # imported where a TLS context is made: a node without TLS never loads OpenSSL (5 MB)
+
 REALM = "gpuwatch"
 
-TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
+# the toolkit's names, oldest first -> ssl.TLSVersion's
+TLS_VERSIONS = {"TLS10": "TLSv1", "TLS11": "TLSv1_1", "TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
+_TLS_ORDER = tuple(TLS_VERSIONS)
 
 # client_auth_type as the toolkit spells it -> what gpuwatch does (docs/security.md).
 CLIENT_AUTH_TYPES = (
@@ -267,7 +266,7 @@ def _tls(value: Any, base: str, where: str) -> TlsServerConfig | None:
         if version not in TLS_VERSIONS:
             raise ConfigError(f"{where}: {name}.{which} {version!r} is not one of {', '.join(TLS_VERSIONS)}")
         versions.append(version)
-    if TLS_VERSIONS[versions[0]] > TLS_VERSIONS[versions[1]]:
+    if _TLS_ORDER.index(versions[0]) > _TLS_ORDER.index(versions[1]):
         raise ConfigError(f"{where}: {name}.min_version {versions[0]} is newer than max_version {versions[1]}")
 
     ciphers = _strings(section, "cipher_suites", name, where)
@@ -296,9 +295,11 @@ def _fields(config: TlsServerConfig) -> dict[str, Any]:
 
 def server_context(config: TlsServerConfig, where: str = "web config") -> ssl.SSLContext:
     """An SSLContext for the listening side; ConfigError when OpenSSL refuses a part of it."""
+    import ssl
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = TLS_VERSIONS[config.min_version]
-    context.maximum_version = TLS_VERSIONS[config.max_version]
+    context.minimum_version = getattr(ssl.TLSVersion, TLS_VERSIONS[config.min_version])
+    context.maximum_version = getattr(ssl.TLSVersion, TLS_VERSIONS[config.max_version])
     if config.prefer_server_cipher_suites:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     else:

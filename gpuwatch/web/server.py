@@ -15,20 +15,22 @@ from __future__ import annotations
 import re
 import selectors
 import socket
-import ssl
 import sys
 import threading
 from collections.abc import Iterable
 from queue import SimpleQueue
 from socketserver import ThreadingMixIn
 from typing import IO, Any, cast
-from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from gpuwatch import logs
 from gpuwatch.config import parse_listen_address
+from gpuwatch.deferred import deferred
 from gpuwatch.web.app import StartResponse, WsgiApp, reply
 from gpuwatch.web.auth import Authenticator
 from gpuwatch.web.config import REALM, WebConfig, WebConfigSource
+
+with deferred("ssl"):  # http.server -> http.client imports ssl for its HTTPS client: OpenSSL, 5 MB, unused here
+    from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 
 class Guard:
@@ -160,7 +162,8 @@ class _Handler(WSGIRequestHandler):
 
     def get_environ(self) -> dict[str, Any]:
         environ = super().get_environ()
-        if isinstance(self.connection, ssl.SSLSocket):
+        ssl = sys.modules.get("ssl")  # a TLS listener loaded it (gpuwatch.web.config.server_context)
+        if ssl is not None and isinstance(self.connection, ssl.SSLSocket):
             environ["HTTPS"] = "on"  # wsgi.url_scheme = https
         return environ
 
