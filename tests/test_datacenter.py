@@ -131,6 +131,33 @@ def test_link_down_per_link_detail_and_a_failing_gpm_metric(inproc):
     assert d.value("gpuwatch_nvlink_links", **labels(node, 0, state="active")) == 17
 
 
+def test_gpus_polled_through_one_shared_gpm_request_keep_their_own_values(inproc):
+    """The GPM metrics request is one per thread (gpm._request_for), not one per GPU: a metric one GPU
+    does not answer stays absent there, never the value the GPU before it answered; in another thread
+    the request is another."""
+    import threading
+
+    from gpuwatch.backends.nvml.gpm import _request_for
+
+    node = fakenvml.FakeNode.h200(3)
+    node.gpus[0].gpm = dict(BUSY_GPM)
+    node.gpus[1].gpm = {k: v for k, v in BUSY_GPM.items() if k != 3}  # no occupancy on this one
+    d = inproc(node, args=["--collector.gpm.detail"])
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    d.wait_for(lambda: d.value("gpuwatch_sm_active_ratio", **labels(node, 1)) is not None, what="GPM on GPU 1")
+    assert d.value("gpuwatch_sm_occupancy_ratio", **labels(node, 0)) == pytest.approx(0.4125)
+    assert d.value("gpuwatch_sm_occupancy_ratio", **labels(node, 1)) is None
+    assert d.value("gpuwatch_sm_active_ratio", **labels(node, 1)) == pytest.approx(0.875)
+    assert d.value("gpuwatch_sm_active_ratio", **labels(node, 2)) == 0
+    ids = (1, 2, 3)
+    here = _request_for(ids)
+    there: list = []
+    worker = threading.Thread(target=lambda: there.append(_request_for(ids)))
+    worker.start()
+    worker.join()
+    assert _request_for(ids)[0] is here[0] and there[0][0] is not here[0]
+
+
 def test_fabric_states_status_and_health(inproc, tmp_path):
     node = fakenvml.FakeNode.h200(1)
     g = node.gpus[0]

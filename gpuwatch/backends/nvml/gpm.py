@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 import time
 from typing import Any
 
@@ -23,6 +24,31 @@ def _metrics_get_type() -> Any:
     assert ctypes.sizeof(request) == ctypes.sizeof(N.c_nvmlGpmMetricsGet_t)
     return request
 
+
+_threads = threading.local()
+
+
+def _request_for(ids: tuple[int, ...]) -> tuple[Any, Any, int]:
+    """This thread's metrics request for ``ids``: (the request, its state before a call, the bytes of it
+    that a call uses). NVML's request holds room for every GPM metric (9.4 kB); one per thread and metric
+    set instead of one per GPU and GPU instance (1.2 MB at 64 GPUs): a sampler fills it, calls, and reads
+    it back before its thread makes another call."""
+    kept: dict[tuple[int, ...], tuple[Any, Any, int]] | None = getattr(_threads, "requests", None)
+    if kept is None:
+        kept = _threads.requests = {}
+    entry = kept.get(ids)
+    if entry is None:
+        kind = _metrics_get_type()
+        pristine = kind()
+        pristine.version = N.NVML_GPM_METRICS_GET_VERSION
+        pristine.numMetrics = len(ids)
+        for slot, mid in zip(pristine.metrics, ids):
+            slot.metricId = mid
+            slot.nvmlReturn = N.NVML_ERROR_UNKNOWN  # until the call answers for it
+        used = kind.metrics.offset + len(ids) * ctypes.sizeof(pristine.metrics._type_)
+        entry = kept[ids] = (kind(), pristine, used)
+    return entry
+
 class GpmPair:
     """GPM for one GPU (nvmlGpmMetricsGet over two samples): the two samples are allocated on the
     first call and swapped from then on; each call takes one sample (nvmlGpmSampleGet) and, from the
@@ -37,11 +63,6 @@ class GpmPair:
         self._samples: list[Any] | None = None
         self._next = 0
         self._taken: float | None = None
-        self._request = _metrics_get_type()()
-        self._request.version = N.NVML_GPM_METRICS_GET_VERSION
-        self._request.numMetrics = len(metric_ids)
-        for slot, mid in zip(self._request.metrics, metric_ids):
-            slot.metricId = mid
         self._sample_get: Any = None
         self._metrics_get: Any = None
 
@@ -66,7 +87,8 @@ class GpmPair:
         self._next ^= 1
         if before is None:
             return None
-        request = self._request
+        request, pristine, used = _request_for(self._ids)
+        ctypes.memmove(ctypes.addressof(request), ctypes.addressof(pristine), used)
         request.sample1, request.sample2 = self._samples[self._next], current
         ret = self._metrics_get(ctypes.byref(request))
         if ret:
