@@ -247,7 +247,8 @@ def test_value_spelling_is_prometheus_clients():
 
 def test_gzip_body_is_one_member_and_follows_the_process_metrics_from_second_to_second():
     """The gzip body is a single RFC 1952 member (curl and Go read it alike) whose content is
-    exactly the uncompressed body, also when a later second re-compresses only the process_* tail."""
+    exactly the uncompressed body, also when a later second re-compresses only the process_* tail,
+    and when the uncompressed body is asked for after the gzip one let its bytes go."""
     import gzip
     import zlib
 
@@ -264,8 +265,13 @@ def test_gzip_body_is_one_member_and_follows_the_process_metrics_from_second_to_
     exposition = Exposition(store.snapshot, clock, lambda tier: 6.0 if tier == "fast" else 90.0)
     for step in range(4):
         for openmetrics in (False, True):
-            plain, was = exposition.render(openmetrics=openmetrics)
-            body, compressed = exposition.render(openmetrics=openmetrics, compress=True)
+            if step % 2:  # gzip first: the uncompressed bytes are let go, then spelled again for the plain request
+                body, compressed = exposition.render(openmetrics=openmetrics, compress=True)
+                assert exposition._parts[openmetrics].raw is None
+                plain, was = exposition.render(openmetrics=openmetrics)
+            else:
+                plain, was = exposition.render(openmetrics=openmetrics)
+                body, compressed = exposition.render(openmetrics=openmetrics, compress=True)
             assert compressed and not was
             inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
             assert inflate.decompress(body) == plain and inflate.eof and inflate.unused_data == b""
