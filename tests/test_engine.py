@@ -275,6 +275,8 @@ def test_a_rule_that_raises_fails_alone_and_the_watchdog_stays_fed(capsys):
 
 
 def test_history_copies_drop_what_no_rule_looks_back_at_and_share_equal_readings():
+    import dataclasses
+
     from gpuwatch.rules.engine import _for_history
 
     first = fast_sample(temperature_celsius=60.0, power_watts=300.0)
@@ -287,6 +289,10 @@ def test_history_copies_drop_what_no_rule_looks_back_at_and_share_equal_readings
     assert kept2.thermal is kept1.thermal and kept2.utilization is kept1.utilization  # equal: shared
     assert kept2.power is not kept1.power and kept2.power.power_watts == 310.0
     assert kept1.thermal == first.thermal and kept2.fans == again.fans
+    # only what the history leaves out changed (memory, errors): the previous kept sample itself
+    steady = dataclasses.replace(again, memory=fast_sample(memory_used_bytes=1 << 30).memory, errors=("timeout",))
+    assert _for_history(steady, kept2) is kept2
+    assert _for_history(fast_sample(temperature_celsius=61.0, power_watts=310.0), kept2) is not kept2
 
 
 def test_slow_history_copies_keep_what_rules_look_back_at_and_share_equal_readings():

@@ -47,18 +47,23 @@ _NOTHING = Observation(False)
 def _kept(kind: Any, table: Iterable[tuple[str, Callable[[Any], Any] | None]], sample: Any, previous: Any) -> Any:
     """``sample`` as the history keeps it: the readings ``table`` names, each through its ``keep`` (None: as
     it is), and each shared with the previous kept sample's when equal (an idle GPU's utilization, throttle
-    counters and health counters stay put from poll to poll); readings not named stay at their defaults."""
+    counters and health counters stay put from poll to poll); readings not named stay at their defaults.
+    Where every reading equals the previous kept sample's, that sample itself (a steady GPU's history holds
+    one object many times: the samples are immutable)."""
     values = {}
+    same = previous is not None
     for name, keep in table:
         value = getattr(sample, name)
         if keep is not None:
             value = keep(value)
         if previous is not None:
             before = getattr(previous, name)
-            if before is not value and before == value:
+            if before is value or before == value:
                 value = before
+            else:
+                same = False
         values[name] = value
-    return kind(**values)
+    return previous if same else kind(**values)
 
 
 def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
