@@ -31,6 +31,7 @@ anywhere, later) runs it then, in the same module object, as ``import prometheus
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import threading
@@ -104,13 +105,20 @@ class PackageOnUse(types.ModuleType):
     """A package whose ``__init__`` has not run yet: it runs at the first read of a name it does not have.
 
     Its ``__path__``, ``__spec__``, ``__file__`` are set as for any package (submodules import through
-    them); a submodule once imported is an attribute as usual. Reads during the ``__init__`` itself
-    (``from . import x`` asks for ``x`` first) find what exists so far, as in a normal import.
+    them); a submodule once imported is an attribute as usual, and one not imported yet is a plain miss
+    (the import system then imports it). Reads during the ``__init__`` itself (``from . import x`` asks
+    for ``x`` first) find what exists so far, as in a normal import. Dunder names other than ``__all__``
+    never run it (prometheus_client's ``__init__`` defines none). Not for ``importlib.reload`` before
+    its first use (the reload's run would start a second, nested one).
     """
 
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("__") and attribute.endswith("__") and attribute != "__all__":
             raise AttributeError(attribute)  # the import system's questions: answered as by a plain package
+        if importlib.machinery.PathFinder.find_spec(f"{self.__name__}.{attribute}", list(self.__path__)):
+            # a submodule not imported yet (``from . import values`` in one of its siblings): a plain miss, so
+            # the import system imports it; running the __init__ here would nest it in that sibling's import
+            raise AttributeError(attribute)
         with _lock:  # another thread waits here for the __init__ to end; its own reads pass through
             if type(self) is PackageOnUse and self.__name__ not in _running:
                 _running.add(self.__name__)
@@ -119,7 +127,8 @@ class PackageOnUse(types.ModuleType):
                     assert spec is not None and spec.loader is not None
                     spec.loader.exec_module(self)
                 except BaseException:
-                    sys.modules.pop(self.__name__, None)  # as a failed import: the next one tries again
+                    if sys.modules.get(self.__name__) is self:  # as a failed import: the next one tries again
+                        del sys.modules[self.__name__]
                     raise
                 finally:
                     _running.discard(self.__name__)

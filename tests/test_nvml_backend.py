@@ -373,3 +373,39 @@ def test_ctypes_layouts_are_made_once_not_per_reader():
 
     assert plain(N.c_nvmlGpuFabricInfo_t) is plain(N.c_nvmlGpuFabricInfo_t)
     assert _metrics_get_type() is _metrics_get_type()
+
+
+def test_a_gpm_metric_the_driver_leaves_unanswered_is_absent_not_the_previous_gpus():
+    """The metrics request is shared by a thread's GPUs (gpm._request_for): each call starts from a pristine
+    copy, so a slot the driver does not write for this GPU reads as unanswered, whatever the GPU before it
+    got there. The driver here is a stand-in that answers only the slots it is told to."""
+    import ctypes
+
+    import pynvml as N
+
+    from gpuwatch.backends.nvml.gpm import GpmPair, _metrics_get_type
+
+    answers: dict[int, float] = {}
+    sample = dict(_metrics_get_type()._fields_)["sample1"]  # the driver's sample handle type
+
+    def metrics_get(pointer):
+        request = pointer._obj
+        for slot in request.metrics[: request.numMetrics]:
+            if slot.metricId in answers:
+                slot.nvmlReturn, slot.value = N.NVML_SUCCESS, answers[slot.metricId]
+        return N.NVML_SUCCESS
+
+    def sampler(handle):
+        pair = GpmPair(handle, (1, 2, 3))
+        pair._samples = [sample(), sample()]  # as allocated: no driver here
+        pair._sample_get = lambda *_: N.NVML_SUCCESS
+        pair._metrics_get = metrics_get
+        assert pair() is None  # the first sample: no interval yet
+        return pair
+
+    a, b = sampler(ctypes.c_void_p(10)), sampler(ctypes.c_void_p(11))
+    answers.update({1: 50.0, 2: 25.0, 3: 12.5})
+    assert a()[0] == {1: 50.0, 2: 25.0, 3: 12.5}
+    answers.clear()
+    answers[1] = 7.0  # this GPU's driver answers metric 1 only
+    assert b()[0] == {1: 7.0}
