@@ -86,23 +86,27 @@ def _value(value: float) -> str:
 
 
 class _Layout:
-    """The lines one render produced: the (family, labels) it emitted, in emit order, and how they
+    """The lines one render produced: the families and labels it emitted, in emit order (flat:
+    family, labels, family, labels...; the GPU's own labels, ``prefix``, kept once), and how they
     encode: per family, sorted by label values, the index of each value and its line's prefix. While a
     group keeps emitting the same series (the usual case: only the values change), the layout is
-    reused and encoding is formatting the values."""
+    reused and encoding is formatting the values. Flat and without the prefix in each key: about
+    130 bytes a series less than (family, prefix + labels) pairs (0.6 MB at 64 GPUs)."""
 
-    __slots__ = ("keys", "plan")
+    __slots__ = ("keys", "prefix", "plan")
 
-    def __init__(self, keys: tuple[tuple[str, LabelValues], ...]) -> None:
+    def __init__(self, keys: tuple[Any, ...], prefix: LabelValues) -> None:
         self.keys = keys
-        by_family: dict[str, list[int]] = {}
-        for i, (family, _) in enumerate(keys):
-            by_family.setdefault(family, []).append(i)
+        self.prefix = prefix
+        by_family: dict[str, list[tuple[int, LabelValues]]] = {}
+        for i in range(0, len(keys), 2):
+            labels = keys[i + 1]
+            by_family.setdefault(keys[i], []).append((i // 2, prefix + labels if prefix else labels))
         plan = []
-        for name, indices in by_family.items():
+        for name, series in by_family.items():
             fam = _FAMILIES[name]  # KeyError: a family that is not in the catalogue
-            indices.sort(key=lambda i: _sort_key(keys[i][1]))
-            plan.append((name, tuple((i, fam.prefix(keys[i][1])) for i in indices)))
+            series.sort(key=lambda entry: _sort_key(entry[1]))
+            plan.append((name, tuple((i, fam.prefix(labels)) for i, labels in series)))
         self.plan = tuple(plan)
 
     def encode(self, values: list[float]) -> dict[str, str]:
@@ -114,19 +118,20 @@ def _collect(render: Callable[..., None], prefix: LabelValues, layout: _Layout |
              *readings: Any) -> tuple[dict[str, str], _Layout]:
     """Run one group's ``render`` for one GPU: its lines per family, sorted, and their layout (the
     previous one again when the same series came out)."""
-    keys: list[tuple[str, LabelValues]] = []
+    keys: list[Any] = []
     values: list[float] = []
     add_key, add_value = keys.append, values.append
 
     def emit(family: str, labels: LabelValues, value: float | int | bool | None) -> None:
         if value is not None:
-            add_key((family, prefix + labels if prefix else labels))
+            add_key(family)
+            add_key(labels)
             add_value(float(value))
 
     render(emit, *readings)
     emitted = tuple(keys)
-    if layout is None or layout.keys != emitted:
-        layout = _Layout(emitted)
+    if layout is None or layout.keys != emitted or layout.prefix != prefix:
+        layout = _Layout(emitted, prefix)
     return layout.encode(values), layout
 
 
