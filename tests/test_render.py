@@ -313,3 +313,29 @@ def test_an_accept_version_that_is_not_numbers_is_passed_over():
     assert content_type("application/openmetrics-text; version=abc") == "text/plain; version=0.0.4; charset=utf-8"
     assert content_type("text/plain; version=1.x, application/openmetrics-text; version=1.0.0").startswith(
         "application/openmetrics-text; version=1.0.0")
+
+
+def test_a_gpu_numbered_anew_is_rendered_with_its_new_index():
+    """A layout is reused while a group emits the same series; the GPU's own labels are part of it: the same
+    UUID under another index (a re-discovery that numbers the GPUs anew) gets every line with the new one."""
+    from gpuwatch.exporter import Exposition
+
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    first = identity(0, uuid="GPU-11111111-2222-3333-4444-555555555555")
+    store.set_gpus([DiscoveredGpu(first, {f: True for f in FEATURES})])
+    store.set_backend(True)
+    store.put_fast(first.uuid, fast_sample())
+    store.put_slow(first.uuid, slow_sample())
+    exposition = Exposition(store.snapshot, clock, lambda tier: 6.0 if tier == "fast" else 90.0,
+                            process_metrics=False)
+    before = exposition.render()[0].decode()
+    assert 'gpuwatch_temperature_celsius{gpu="0",sensor="gpu",uuid="GPU-11111111' in before
+    renumbered = identity(3, uuid=first.uuid)
+    store.set_gpus([DiscoveredGpu(renumbered, {f: True for f in FEATURES})])
+    clock.advance(1.0)
+    store.put_fast(first.uuid, fast_sample())
+    store.put_slow(first.uuid, slow_sample())
+    after = exposition.render()[0].decode()
+    assert 'gpuwatch_temperature_celsius{gpu="3",sensor="gpu",uuid="GPU-11111111' in after
+    assert 'gpu="0"' not in after
