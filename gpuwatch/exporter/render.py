@@ -90,8 +90,9 @@ class _Layout:
     family, labels, family, labels...; the GPU's own labels, ``prefix``, kept once), and how they
     encode: per family, sorted by label values, the index of each value and its line's prefix. While a
     group keeps emitting the same series (the usual case: only the values change), the layout is
-    reused and encoding is formatting the values. Flat and without the prefix in each key: about
-    130 bytes a series less than (family, prefix + labels) pairs (0.6 MB at 64 GPUs)."""
+    reused and encoding is formatting the values. Flat, the GPU's labels once, and the plan's indices
+    and prefixes side by side: per series no (family, labels) pair, no prefix + labels tuple and no
+    (index, prefix) pair (56 + 72 + 56 bytes at two labels; about 0.9 MB at 64 GPUs, 4,982 series)."""
 
     __slots__ = ("keys", "prefix", "plan")
 
@@ -106,12 +107,13 @@ class _Layout:
         for name, series in by_family.items():
             fam = _FAMILIES[name]  # KeyError: a family that is not in the catalogue
             series.sort(key=lambda entry: _sort_key(entry[1]))
-            plan.append((name, tuple((i, fam.prefix(labels)) for i, labels in series)))
+            # per family the values' indices and the lines' prefixes, side by side (not a pair per series)
+            plan.append((name, tuple(i for i, _ in series), tuple(fam.prefix(labels) for _, labels in series)))
         self.plan = tuple(plan)
 
     def encode(self, values: list[float]) -> dict[str, str]:
-        return {name: "".join([prefix + _value(values[i]) + "\n" for i, prefix in entries])
-                for name, entries in self.plan}
+        return {name: "".join([prefix + _value(values[i]) + "\n" for i, prefix in zip(indices, prefixes)])
+                for name, indices, prefixes in self.plan}
 
 
 def _collect(render: Callable[..., None], prefix: LabelValues, layout: _Layout | None,
