@@ -24,7 +24,7 @@ from prometheus_client.utils import floatToGoString, parse_version  # noqa: E402
 
 from gpuwatch import __version__, logs  # noqa: E402
 from gpuwatch.clock import Clock  # noqa: E402
-from gpuwatch.exporter.render import Renderer, build_labels, freshness_key  # noqa: E402
+from gpuwatch.exporter.render import Renderer, build_labels, freshness_key, text_header  # noqa: E402
 from gpuwatch.groups.selection import Selection  # noqa: E402
 from gpuwatch.model import NodeSnapshot  # noqa: E402
 
@@ -104,9 +104,8 @@ class _ProcessMetrics:
         if openmetrics or family.type not in ("gauge", "counter"):
             encoded = cls._encode(family, openmetrics)
             return "".join(line + "\n" for line in encoded.splitlines() if line.startswith("#"))
-        name = family.name + "_total" if family.type == "counter" else family.name
-        help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        return f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n"
+        return text_header(family.name + "_total" if family.type == "counter" else family.name, family.documentation,
+                           family.type)
 
     @staticmethod
     def _encode(family: Metric, openmetrics: bool) -> str:

@@ -39,6 +39,15 @@ def _escape(text: str) -> str:
     return text
 
 
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def text_header(name: str, help_text: str, kind: str) -> str:
+    """A family's ``# HELP`` and ``# TYPE`` lines in the text format (0.0.4): backslash and newline escaped."""
+    return f"# HELP {name} {_escape_help(help_text)}\n# TYPE {name} {kind}\n"
+
+
 class _Family:
     """How one family's lines are spelled: its header in both formats and its label order."""
 
@@ -49,10 +58,9 @@ class _Family:
         self.name = name
         self.order = sorted(range(len(spec.labels)), key=spec.labels.__getitem__)
         self.keys = [f'{spec.labels[i]}="' for i in self.order]
-        help_text = spec.help.replace("\\", r"\\").replace("\n", r"\n")
-        self.text_header = f"# HELP {name} {help_text}\n# TYPE {name} {spec.type}\n"
+        self.text_header = text_header(name, spec.help, spec.type)
         family = name[:-6] if spec.type == "counter" else name
-        self.openmetrics_header = f"# HELP {family} {help_text.replace(chr(34), chr(92) + chr(34))}\n" \
+        self.openmetrics_header = f"# HELP {family} {_escape_help(spec.help).replace(chr(34), chr(92) + chr(34))}\n" \
                                   f"# TYPE {family} {spec.type}\n"
 
     def prefix(self, labels: LabelValues) -> str:
