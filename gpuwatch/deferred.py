@@ -33,10 +33,12 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import os
+import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -84,14 +86,20 @@ def load(library: str, name: str, functions: Collection[str] = ()) -> types.Modu
 
 
 @contextmanager
-def deferred(name: str, functions: Collection[str] = ()) -> Iterator[None]:
-    """Within the block, ``import name`` binds a stand-in that imports the real module on first use."""
+def deferred(name: str, functions: Collection[str] = (),
+             answers: Mapping[str, Callable[..., Any]] | None = None) -> Iterator[None]:
+    """Within the block, ``import name`` binds a stand-in that imports the real module on first use.
+
+    ``answers``: names handed out as the functions given, which answer without the real module (see
+    ``without_plugins``)."""
     if name in sys.modules:
         yield
         return
     stand_in = LoadedOnUse(name)
     for function in functions:
         setattr(stand_in, function, _forwarder(name, function))
+    for attribute, answer in (answers or {}).items():
+        setattr(stand_in, attribute, answer)
     sys.modules[name] = stand_in
     try:
         yield
@@ -154,3 +162,51 @@ def parts_of(package: str) -> types.ModuleType:
         module.__class__ = PackageOnUse
         sys.modules[package] = module
         return module
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()  # PEP 503, with dist-info's underscores
+
+
+def dist_version(name: str) -> str:
+    """``importlib.metadata.version(name)``, read from the first ``<name>-*.dist-info/METADATA`` on
+    ``sys.path`` where there is one, as importlib.metadata finds it; elsewhere (an egg, a zip, a
+    distribution not found: PackageNotFoundError) importlib.metadata's own answer.
+
+    importlib.metadata imports email, zipfile, csv, bz2, lzma, tempfile and importlib.resources (about
+    1.5 MB of resident memory, 15 modules that nothing else in the daemon uses) for what is one line of a
+    file here: the version of nvidia-ml-py in gpuwatch_build_info, APScheduler's own at its import."""
+    wanted = _normalized(name)
+    for entry in sys.path:
+        try:
+            children = sorted(os.listdir(entry or "."))
+        except OSError:  # a zip on sys.path, a directory gone or unreadable: not found there
+            continue
+        for child in children:
+            if child.endswith((".dist-info", ".egg-info")) and _normalized(child.partition("-")[0]) == wanted:
+                if child.endswith(".dist-info"):
+                    try:
+                        with open(os.path.join(entry or ".", child, "METADATA"), encoding="utf-8") as file:
+                            for line in file:
+                                if line.startswith("Version:"):
+                                    return line[len("Version:"):].strip()
+                                if not line.strip():  # the end of the headers
+                                    break
+                    except (OSError, ValueError):
+                        pass
+                return _real("importlib.metadata").version(name)  # not a plain dist-info: its answer
+    # not the stand-in of ``without_plugins``, whose ``version`` is this function
+    return _real("importlib.metadata").version(name)  # raises PackageNotFoundError
+
+
+def _no_entry_points(**_: Any) -> tuple[()]:
+    return ()
+
+
+def without_plugins() -> Any:
+    """``deferred("importlib.metadata", answers=without_plugins())`` while APScheduler 3 loads: its scheduler
+    class looks up its plugins (entry points of every installed distribution) at import, by alias ("interval",
+    "threadpool"...); gpuwatch hands it trigger, executor and job store objects and never an alias, so the
+    look-up finds none and importlib.metadata is not imported (``dist_version`` answers APScheduler's
+    ``version``)."""
+    return {"entry_points": _no_entry_points, "version": dist_version}

@@ -19,6 +19,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import timezone
 from typing import Any
 
 from gpuwatch.backends.base import EVENT_WAIT_SECONDS, Backend
@@ -30,6 +31,7 @@ from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSample, ProcessInfo, SlowSample
 from gpuwatch.schedule import (
     EVENT_JOB_MAX_INSTANCES,
+    IntervalTrigger,
     JobExecutionEvent,
     SteadyScheduler,
     ThreadPoolExecutor,
@@ -436,8 +438,8 @@ class Poller:
         )
         scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
         for job_id, function, seconds, at_once in others:
-            scheduler.add_job(function, "interval", seconds=seconds, id=job_id,
-                              **({"next_run_time": utc_now()} if at_once else {}))
+            trigger = IntervalTrigger(seconds=seconds, timezone=timezone.utc)  # an object, not the alias "interval"
+            scheduler.add_job(function, trigger, id=job_id, **({"next_run_time": utc_now()} if at_once else {}))
         scheduler.start()
         self._scheduler = scheduler
         for _, function, seconds, _ in fast:  # at once, as jobs() says

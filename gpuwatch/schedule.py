@@ -20,19 +20,22 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from gpuwatch.deferred import load
+from gpuwatch.deferred import deferred, load, without_plugins
 from gpuwatch.logs import get_logger
 
-# APScheduler uses asyncio for its asyncio executor only: gpuwatch.deferred
-load("apscheduler.schedulers.background", "asyncio", functions=("iscoroutinefunction",))
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent  # noqa: E402  (loaded above)
-from apscheduler.executors.pool import ThreadPoolExecutor  # noqa: E402
-from apscheduler.schedulers.background import BackgroundScheduler  # noqa: E402
+# APScheduler uses asyncio for its asyncio executor only, and importlib.metadata for plugins by alias, which
+# gpuwatch does not use (it passes trigger and executor objects): gpuwatch.deferred
+with deferred("importlib.metadata", answers=without_plugins()):
+    load("apscheduler.schedulers.background", "asyncio", functions=("iscoroutinefunction",))
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent  # loaded above
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 
 CLOCK_STEP_SECONDS = 0.5  # a change of wall minus monotonic time larger than this is a clock step
 
-__all__ = ["EVENT_JOB_MAX_INSTANCES", "JobExecutionEvent", "SteadyScheduler", "ThreadPoolExecutor", "Ticker",
-           "utc_now"]
+__all__ = ["EVENT_JOB_MAX_INSTANCES", "IntervalTrigger", "JobExecutionEvent", "SteadyScheduler", "ThreadPoolExecutor",
+           "Ticker", "utc_now"]
 
 
 def utc_now() -> datetime:

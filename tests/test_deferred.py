@@ -100,6 +100,53 @@ print(type(sys.modules["asyncio"]).__name__, callable(library.OK))
     assert out == ["module", "True"]
 
 
+# -- importlib.metadata: APScheduler's plugin look-up and the binding's version ---------------------
+
+def test_the_agent_loads_without_importlib_metadata_and_its_answers_are_the_same():
+    """importlib.metadata (email, zipfile, csv, bz2, lzma, tempfile...) is not imported by the daemon;
+    the versions read without it equal its own answers; APScheduler's scheduler runs a job all the same."""
+    out = run("""
+import sys, threading
+import gpuwatch.cli.run, gpuwatch.agent, gpuwatch.web.server, gpuwatch.exporter.render
+from gpuwatch.schedule import IntervalTrigger, SteadyScheduler, utc_now
+from gpuwatch.exporter.render import binding_version
+import apscheduler
+print([m for m in ("importlib.metadata", "zipfile", "csv") if m in sys.modules] or "none")
+ran = threading.Event()
+scheduler = SteadyScheduler(timezone="UTC")
+scheduler.add_job(ran.set, IntervalTrigger(seconds=60, timezone="UTC"), next_run_time=utc_now())
+scheduler.start()
+print(ran.wait(60), SteadyScheduler._trigger_plugins, "importlib.metadata" in sys.modules)
+scheduler.shutdown()
+ours = (binding_version(), apscheduler.release)
+from importlib import metadata
+print(ours == (metadata.version("nvidia-ml-py"), metadata.version("APScheduler").split("-")[0]))
+""")
+    assert out == ["none", "True", "{}", "False", "True"]
+
+
+def test_dist_version_reads_the_first_dist_info_on_the_path_as_importlib_metadata_does(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for where, version in ((first, "1.2.3"), (second, "9.9")):
+        (where / "Some_Dist-0.dist-info").mkdir(parents=True)  # the directory's version is not read
+        (where / "Some_Dist-0.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: some-dist\nVersion: {version}\n\nVersion: not a header\n")
+    (second / "other.dist-info").mkdir()
+    out = run(f"""
+import sys
+sys.path[:0] = [{str(tmp_path / "missing")!r}, {str(first)!r}, {str(second)!r}]
+from gpuwatch.deferred import dist_version
+print(dist_version("some-dist"), dist_version("SOME.DIST"), "importlib.metadata" in sys.modules)
+from importlib import metadata
+print(metadata.version("some-dist"))
+try:
+    dist_version("no-such-dist")
+except metadata.PackageNotFoundError:
+    print("PackageNotFoundError")
+""")
+    assert out == ["1.2.3", "1.2.3", "False", "1.2.3", "PackageNotFoundError"]
+
+
 # -- OpenSSL: ssl, hashlib, and prometheus_client's package __init__ ---------------------------------
 
 OPENSSL = ("ssl", "_ssl", "hashlib", "_hashlib", "urllib.request", "prometheus_client.exposition")

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Collection, Iterable
-from importlib import metadata
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
 from gpuwatch import __version__, groups
+from gpuwatch.deferred import dist_version
 from gpuwatch.exporter.catalogue import CATALOGUE
 from gpuwatch.groups.base import LabelValues
 from gpuwatch.groups.selection import Selection
@@ -147,8 +147,8 @@ def _collect(render: Callable[..., None], prefix: LabelValues, layout: _Layout |
 
 def binding_version() -> str:
     try:
-        return metadata.version("nvidia-ml-py")
-    except metadata.PackageNotFoundError:
+        return dist_version("nvidia-ml-py")
+    except ImportError:  # importlib.metadata's PackageNotFoundError
         return "unknown"
 
 
