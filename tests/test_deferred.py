@@ -103,7 +103,8 @@ print(type(sys.modules["asyncio"]).__name__, callable(library.OK))
 # -- importlib.metadata: APScheduler's plugin look-up and the binding's version ---------------------
 
 def test_the_agent_loads_without_importlib_metadata_and_its_answers_are_the_same():
-    """importlib.metadata (email, zipfile, csv, bz2, lzma, tempfile...) is not imported by the daemon;
+    """importlib.metadata (email, zipfile, csv, bz2, lzma, tempfile...) is not imported by the daemon, nor
+    http.server, wsgiref and html (gpuwatch.web.server parses requests itself);
     the versions read without it equal its own answers; APScheduler's scheduler runs a job all the same."""
     out = run("""
 import sys, threading
@@ -111,7 +112,8 @@ import gpuwatch.cli.run, gpuwatch.agent, gpuwatch.web.server, gpuwatch.exporter.
 from gpuwatch.schedule import IntervalTrigger, SteadyScheduler, utc_now
 from gpuwatch.exporter.render import binding_version
 import apscheduler
-print([m for m in ("importlib.metadata", "zipfile", "csv") if m in sys.modules] or "none")
+print([m for m in ("importlib.metadata", "zipfile", "csv", "email", "html", "http.server", "http.client", "wsgiref")
+       if m in sys.modules] or "none")
 ran = threading.Event()
 scheduler = SteadyScheduler(timezone="UTC")
 scheduler.add_job(ran.set, IntervalTrigger(seconds=60, timezone="UTC"), next_run_time=utc_now())

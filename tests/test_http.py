@@ -184,3 +184,95 @@ def test_a_client_that_stops_reading_costs_one_send_timeout(monkeypatch, capsys)
     assert timeouts == ["gpuwatch-http-conn"]
     errors = [line for line in capsys.readouterr().err.splitlines() if "http_connection_error" in line]
     assert len(errors) == 1
+
+
+# -- gpuwatch's own request parser (http.server and wsgiref are not loaded) -------------------------
+
+@pytest.fixture()
+def echo():
+    """A server whose app answers with the WSGI environ it got (the CGI-style keys), as lines."""
+    def app(environ, start_response):
+        keys = sorted(k for k in environ if k.isupper())
+        body = "".join(f"{k}={environ[k]}\n" for k in keys).encode("utf-8", "backslashreplace")
+        start_response("200 OK", [("Content-Type", "text/plain"), ("X-Scheme", environ["wsgi.url_scheme"])])
+        return [body]
+
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    yield servers.servers[0].server_address[:2]
+    servers.close()
+
+
+def ask(address, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    with socket.create_connection(address, timeout=10) as client:
+        client.sendall(request)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("iso-8859-1").split("\r\n")
+    return status.encode(), dict(line.split(": ", 1) for line in lines), body
+
+
+def test_the_environ_holds_the_request(echo):
+    status, headers, body = ask(echo, b"GET /a%20b/%C3%A9?x=1&y=%20 HTTP/1.1\r\nHost: h\r\nAccept: a\r\n"
+                                      b"X-Twice: 1\r\nx-twice:  2 \r\nContent-Type: text/x\r\n"
+                                      b"Content-Length: 0\r\nX-Latin: \xe9\r\n\r\n")
+    assert status == b"HTTP/1.0 200 OK" and headers["X-Scheme"] == "http"
+    assert headers["Content-Length"] == str(len(body)) and headers["Date"].endswith(" GMT")
+    environ = dict(line.split("=", 1) for line in body.decode().splitlines())
+    assert environ["REQUEST_METHOD"] == "GET" and environ["SERVER_PROTOCOL"] == "HTTP/1.1"
+    assert environ["PATH_INFO"] == "/a b/\xc3\xa9" and environ["QUERY_STRING"] == "x=1&y=%20"  # WSGI: ISO-8859-1
+    assert environ["HTTP_HOST"] == "h" and environ["HTTP_ACCEPT"] == "a" and environ["HTTP_X_TWICE"] == "1,2"
+    assert environ["CONTENT_TYPE"] == "text/x" and environ["CONTENT_LENGTH"] == "0"
+    assert "HTTP_CONTENT_TYPE" not in environ and environ["HTTP_X_LATIN"] == "\xe9"
+    assert environ["REMOTE_ADDR"] == "127.0.0.1" and environ["SERVER_PORT"] == str(echo[1])
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"GET / HTTP/1.1\r\nno colon here\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET / HTTP/1.1\r\n: empty name\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET / HTTP/1.1\r\nA: 1\r\n folded\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET / HTTP/1.1\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(101)) + b"\r\n", b"HTTP/1.0 431 "),
+    (b"GET / HTTP/1.1\r\nA: " + b"x" * 70000 + b"\r\n\r\n", b"HTTP/1.0 431 "),
+    (b"GET /" + b"x" * 70000 + b" HTTP/1.1\r\n\r\n", b"HTTP/1.0 414 "),
+    (b"GET / HTTP/2.0\r\n\r\n", b"HTTP/1.0 505 "),
+    (b"G(T / HTTP/1.1\r\n\r\n", b"HTTP/1.0 400 "),
+])
+def test_malformed_headers_get_an_error_status_and_the_server_serves_on(echo, request_bytes, status):
+    answer = ask(echo, request_bytes)
+    assert answer[0].startswith(status.strip()), answer[0]
+    assert answer[1]["Content-Type"] == "text/plain; charset=utf-8" and answer[2].startswith(status.split()[1])
+    assert ask(echo, b"GET / HTTP/1.1\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(100)) + b"\r\n")[0] \
+        == b"HTTP/1.0 200 OK"  # 100 header lines are fine
+
+
+def test_an_app_that_raises_gets_a_500_and_one_error_line(capsys):
+    def broken(environ, start_response):
+        raise ValueError("a bug")
+
+    logs.configure("info", "json")
+    servers = HttpServers(["127.0.0.1:0"], broken)
+    servers.start()
+    try:
+        status, _, body = ask(servers.servers[0].server_address[:2], b"GET / HTTP/1.1\r\n\r\n")
+    finally:
+        servers.close()
+    assert status == b"HTTP/1.0 500 Internal Server Error" and b"log" in body
+    assert [line for line in capsys.readouterr().err.splitlines() if "http_handler_failed" in line]
+
+
+def test_the_landing_page_escapes_as_html_escape():
+    import html
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from gpuwatch.web.app import escape
+
+    @given(st.text())
+    def same(text):
+        assert escape(text) == html.escape(text)
+
+    same()
