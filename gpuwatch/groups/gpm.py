@@ -51,6 +51,7 @@ class Gpm:
 
 
 _NONE: Mapping[str, float] = MappingProxyType({})
+_NOTHING = Gpm(pipe_active_ratio=_NONE, pcie_traffic_bytes=_NONE)  # immutable: one for every poll without readings
 
 
 def history(gpm: Gpm) -> Gpm:
@@ -77,8 +78,8 @@ class Nvml:
 
     def read_fast(self, q: Query) -> Gpm:
         got = q(self.metrics) if self.metrics is not None else None
-        if got is None:  # failed (counted), or the first sample of a new pair
-            return Gpm()
+        if got is None:  # no GPM, failed (counted), or the first sample of a new pair
+            return _NOTHING
         values, seconds = got
         pcie = self.pcie
         for direction, metric in _PCIE.items():
