@@ -169,38 +169,54 @@ def _normalized(name: str) -> str:
 
 
 def dist_version(name: str) -> str:
-    """``importlib.metadata.version(name)``, read from the first ``<name>-*.dist-info/METADATA`` on
-    ``sys.path`` where there is one, as importlib.metadata finds it; elsewhere (an egg, a zip, a
-    distribution not found: PackageNotFoundError) importlib.metadata's own answer.
+    """``importlib.metadata.version(name)``, read from the first ``<name>[-version].dist-info/METADATA`` in
+    the directories of ``sys.path``, matched as importlib.metadata matches them (in directory order, names
+    normalised, case-insensitive); where the first match is not a plain dist-info (an egg-info), where an
+    entry before it is not a plain directory (a zip, an ``.egg``), or where none is found
+    (PackageNotFoundError), importlib.metadata's own answer.
 
     importlib.metadata imports email, zipfile, csv, bz2, lzma, tempfile and importlib.resources (about
-    1.5 MB of resident memory, 15 modules that nothing else in the daemon uses) for what is one line of a
+    1.3 MB of resident memory, 15 modules that nothing else in the daemon uses) for what is one line of a
     file here: the version of nvidia-ml-py in gpuwatch_build_info, APScheduler's own at its import."""
     wanted = _normalized(name)
     for entry in sys.path:
+        where = entry or "."
+        if entry.lower().endswith(".egg") or os.path.isfile(where):  # what only importlib.metadata reads
+            break
         try:
-            children = sorted(os.listdir(entry or "."))
-        except OSError:  # a zip on sys.path, a directory gone or unreadable: not found there
+            children = os.listdir(where)
+        except OSError:  # a directory gone or unreadable: nothing found there
             continue
         for child in children:
-            if child.endswith((".dist-info", ".egg-info")) and _normalized(child.partition("-")[0]) == wanted:
-                if child.endswith(".dist-info"):
-                    try:
-                        with open(os.path.join(entry or ".", child, "METADATA"), encoding="utf-8") as file:
-                            for line in file:
-                                if line.startswith("Version:"):
-                                    return line[len("Version:"):].strip()
-                                if not line.strip():  # the end of the headers
-                                    break
-                    except (OSError, ValueError):
-                        pass
-                return _real("importlib.metadata").version(name)  # not a plain dist-info: its answer
+            low = child.lower()
+            if not low.endswith((".dist-info", ".egg-info")):
+                continue
+            if _normalized(low.rpartition(".")[0].partition("-")[0]) != wanted:
+                continue
+            if low.endswith(".dist-info"):
+                try:
+                    with open(os.path.join(where, child, "METADATA"), encoding="utf-8") as file:
+                        for line in file:
+                            if line.startswith("Version:"):
+                                return line[len("Version:"):].strip()
+                            if not line.strip():  # the end of the headers
+                                break
+                except (OSError, ValueError):
+                    pass
+            break  # the first match: importlib.metadata's answer from it
+        else:
+            continue
+        break
     # not the stand-in of ``without_plugins``, whose ``version`` is this function
-    return _real("importlib.metadata").version(name)  # raises PackageNotFoundError
+    return _real("importlib.metadata").version(name)  # raises PackageNotFoundError where there is none
 
 
-def _no_entry_points(**_: Any) -> tuple[()]:
-    return ()
+def _entry_points(**params: Any) -> Any:
+    """APScheduler's plugin groups: none; any other question (another thread's import in the window):
+    importlib.metadata's answer."""
+    if str(params.get("group", "")).startswith("apscheduler."):
+        return ()
+    return _real("importlib.metadata").entry_points(**params)
 
 
 def without_plugins() -> Any:
@@ -209,4 +225,4 @@ def without_plugins() -> Any:
     "threadpool"...); gpuwatch hands it trigger, executor and job store objects and never an alias, so the
     look-up finds none and importlib.metadata is not imported (``dist_version`` answers APScheduler's
     ``version``)."""
-    return {"entry_points": _no_entry_points, "version": dist_version}
+    return {"entry_points": _entry_points, "version": dist_version}

@@ -149,6 +149,55 @@ except metadata.PackageNotFoundError:
     assert out == ["1.2.3", "1.2.3", "False", "1.2.3", "PackageNotFoundError"]
 
 
+@pytest.mark.parametrize("layout", ["plain", "upper", "egg-info first", "zip first"])
+def test_dist_version_answers_as_importlib_metadata_in_other_layouts(tmp_path, layout):
+    """A dist-info without a version in its name, an upper-case one, an egg-info or a zip before the
+    dist-info: the same answer as importlib.metadata (from its own reading where it is not a plain
+    dist-info), and importlib.metadata is not imported for the first two."""
+    import zipfile
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    second.mkdir()
+    (second / "demo_dist-9.0.dist-info").mkdir()
+    (second / "demo_dist-9.0.dist-info" / "METADATA").write_text("Name: demo-dist\nVersion: 9.0\n")
+    path = [first, second]
+    if layout in ("plain", "upper"):
+        where = first / ("demo_dist.dist-info" if layout == "plain" else "DEMO_DIST-2.0.DIST-INFO")
+        where.mkdir(parents=True)
+        (where / "METADATA").write_text("Name: demo-dist\nVersion: 2.0\n")
+    elif layout == "egg-info first":
+        (first / "demo_dist.egg-info").mkdir(parents=True)
+        (first / "demo_dist.egg-info" / "PKG-INFO").write_text("Name: demo-dist\nVersion: 3.0.dev0\n")
+    else:
+        path[0] = tmp_path / "dists.zip"
+        with zipfile.ZipFile(path[0], "w") as archive:
+            archive.writestr("demo_dist-0.5.dist-info/METADATA", "Name: demo-dist\nVersion: 0.5\n")
+    out = run(f"""
+import sys
+sys.path[:0] = {[str(p) for p in path]!r}
+from gpuwatch.deferred import dist_version
+ours = dist_version("demo-dist")
+loaded = "importlib.metadata" in sys.modules
+from importlib import metadata
+print(ours, ours == metadata.version("demo-dist"), loaded)
+""")
+    expected = {"plain": "2.0", "upper": "2.0", "egg-info first": "3.0.dev0", "zip first": "0.5"}[layout]
+    assert out == [expected, "True", str(layout not in ("plain", "upper"))]
+
+
+def test_the_stand_in_answers_other_entry_point_groups_as_importlib_metadata():
+    """Another thread importing importlib.metadata while APScheduler loads gets the stand-in's functions:
+    only APScheduler's plugin groups are empty there."""
+    out = run("""
+from gpuwatch.deferred import without_plugins
+entry_points = without_plugins()["entry_points"]
+ours = entry_points(group="console_scripts"), entry_points(group="apscheduler.triggers")
+from importlib import metadata
+print(ours[0] == metadata.entry_points(group="console_scripts"), len(ours[0]) > 0, ours[1] == ())
+""")
+    assert out == ["True", "True", "True"]
+
+
 # -- OpenSSL: ssl, hashlib, and prometheus_client's package __init__ ---------------------------------
 
 OPENSSL = ("ssl", "_ssl", "hashlib", "_hashlib", "urllib.request", "prometheus_client.exposition")

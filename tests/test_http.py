@@ -16,6 +16,7 @@ from gpuwatch.poller import Poller
 from gpuwatch.store import Store
 from gpuwatch.testing import ScriptedBackend, registry_for
 from gpuwatch.web import App, HttpServers
+from gpuwatch.web.request import RequestHandler
 
 
 @pytest.fixture()
@@ -160,13 +161,13 @@ def test_a_client_that_stops_reading_costs_one_send_timeout(monkeypatch, capsys)
             raise
 
     monkeypatch.setattr(socket.socket, "send", counted)
-    setup = server._Handler.setup
+    setup = RequestHandler.setup
 
     def small_buffer(self):
         self.request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         setup(self)
 
-    monkeypatch.setattr(server._Handler, "setup", small_buffer)
+    monkeypatch.setattr(RequestHandler, "setup", small_buffer)
     logs.configure("debug", "json")
     servers = HttpServers(["127.0.0.1:0"], app)
     servers.start()
@@ -239,6 +240,11 @@ def test_the_environ_holds_the_request(echo):
     (b"GET /" + b"x" * 70000 + b" HTTP/1.1\r\n\r\n", b"HTTP/1.0 414 "),
     (b"GET / HTTP/2.0\r\n\r\n", b"HTTP/1.0 505 "),
     (b"G(T / HTTP/1.1\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET / HTTP/1.1\r\nAccept: a\rX-Injected: yes\r\n\r\n", b"HTTP/1.0 400 "),  # a bare CR in a value
+    (b"GET / HTTP/1.1\r\nA: x\x00y\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET /a\x01b HTTP/1.1\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", b"HTTP/1.0 400 "),
+    (b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"HTTP/1.0 400 "),
 ])
 def test_malformed_headers_get_an_error_status_and_the_server_serves_on(echo, request_bytes, status):
     answer = ask(echo, request_bytes)
@@ -276,3 +282,14 @@ def test_the_landing_page_escapes_as_html_escape():
         assert escape(text) == html.escape(text)
 
     same()
+
+
+def test_a_head_request_gets_errors_without_a_body_and_an_unfinished_one_no_answer(echo):
+    status, headers, body = ask(echo, b"HEAD / HTTP/1.1\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(101)) + b"\r\n")
+    assert status.startswith(b"HTTP/1.0 431 ") and body == b"" and int(headers["Content-Length"]) > 0
+    with socket.create_connection(echo, timeout=10) as client:  # the client ends its side within the head
+        client.sendall(b"GET / HTTP/1.1\r\nA: b")
+        client.shutdown(socket.SHUT_WR)
+        assert client.recv(65536) == b""
+    status, _, body = ask(echo, b"\r\nGET / HTTP/1.1\r\nContent-Length: 0, 0\r\n\r\n")  # one empty line first
+    assert status == b"HTTP/1.0 200 OK" and b"CONTENT_LENGTH=0\n" in body

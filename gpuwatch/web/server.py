@@ -1,7 +1,7 @@
 """HTTP endpoints: ``/`` landing page, the metrics path, ``/healthz``.
 
 A small WSGI app served by socketserver's threading TCP server and gpuwatch's own request parser
-(``_Handler``), one server per listen address.
+(``gpuwatch.web.request``), one server per listen address.
 Nothing here touches a backend: every answer is built from the store's latest snapshot.
 
 ``HttpServers`` puts the web configuration file (``gpuwatch.webconfig``, docs/security.md) in
@@ -13,23 +13,20 @@ malformed request or a client that goes away is a debug event, never a traceback
 
 from __future__ import annotations
 
-import re
 import selectors
 import socket
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from queue import SimpleQueue
-from socketserver import StreamRequestHandler, TCPServer, ThreadingMixIn
+from socketserver import TCPServer, ThreadingMixIn
 from typing import Any
-from urllib.parse import unquote
 
-from gpuwatch import logs
 from gpuwatch.config import parse_listen_address
 from gpuwatch.web.app import StartResponse, WsgiApp, reply
 from gpuwatch.web.auth import Authenticator
 from gpuwatch.web.config import REALM, WebConfig, WebConfigSource
+from gpuwatch.web.request import RequestHandler, log, reason
 
 
 class Guard:
@@ -56,7 +53,7 @@ class Guard:
         if config is not None and config.headers:
             respond = _with_headers(start_response, config.headers)
         if self._slots is not None and not self._slots.acquire(blocking=False):
-            _log().debug("http_request_rejected", reason="max_requests", max_requests=self._max,
+            log().debug("http_request_rejected", reason="max_requests", max_requests=self._max,
                          peer=environ.get("REMOTE_ADDR"), path=environ.get("PATH_INFO"))
             return reply(respond, "503 Service Unavailable",
                           f"too many parallel requests (at most {self._max}, --web.max-requests); "
@@ -65,7 +62,7 @@ class Guard:
             if config is not None and config.users:
                 user = self._auth.verify(config.users, environ.get("HTTP_AUTHORIZATION"))
                 if user is None:
-                    _log().debug("http_unauthorized", peer=environ.get("REMOTE_ADDR"), path=environ.get("PATH_INFO"),
+                    log().debug("http_unauthorized", peer=environ.get("REMOTE_ADDR"), path=environ.get("PATH_INFO"),
                                  credentials="HTTP_AUTHORIZATION" in environ)
                     return reply(respond, "401 Unauthorized", b"Unauthorized\n",
                                   extra=[("WWW-Authenticate", f'Basic realm="{REALM}"')], head=head)
@@ -84,183 +81,9 @@ def _with_headers(start_response: StartResponse, extra: tuple[tuple[str, str], .
     return respond
 
 
-def _log() -> Any:
-    return logs.get_logger(component="http")  # at the time of the event: logs.configure() may come later
-
-
 REQUEST_TIMEOUT = 30.0  # seconds a connection may take per read or write (TLS handshake included)
 PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
                 b"Client sent an HTTP request to an HTTPS server.\n")
-
-
-def _reason(exc: BaseException) -> str:
-    return str(getattr(exc, "reason", None) or exc or type(exc).__name__)
-
-
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token: a method, a header's name
-_VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
-MAX_LINE = 65536  # bytes of the request line and of each header line (as http.server)
-MAX_HEADERS = 100
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-def http_date(seconds: float) -> str:
-    """RFC 9110's IMF-fixdate (English names whatever the locale)."""
-    t = time.gmtime(seconds)
-    return (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
-            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
-
-
-class _BadRequest(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-_REASONS = {400: "Bad Request", 414: "URI Too Long", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error", 505: "HTTP Version Not Supported"}
-
-
-class _Handler(StreamRequestHandler):
-    """One request per connection (answered as HTTP/1.0, then closed), served to the WSGI app.
-
-    gpuwatch's own request parser instead of http.server + wsgiref: they parse headers through the
-    ``email`` package and import ``html``, ``http.client``, ``email`` (1.4 MB of resident memory, 23
-    modules) and cost a scrape about 0.2 ms of CPU more. What it takes: a request line ``METHOD TARGET
-    HTTP/1.x`` (a token method; HTTP/0.9's version-less line, an empty line or other words are 400, a
-    version other than 1.x is 505, a line over 64 KiB 414), then header lines ``name: value`` (a token
-    name; a line without one, or an obsolete folded line, is 400; more than 100 lines or one over 64 KiB
-    is 431), up to an empty line. Bytes that are not ASCII are read as ISO-8859-1, as WSGI says.
-    A body is never read (every path is GET or HEAD). Errors are answered with a status line, plain-text
-    headers and ``CODE message``."""
-
-    # The response is buffered and sent at the end (one send for status line, headers and a body up to the
-    # buffer's size): unbuffered, each header line and the body went out in a send of its own.
-    wbufsize = 1 << 16
-    write_failed = False  # a send of the response failed (a client that stopped reading, or went away)
-
-    def handle(self) -> None:
-        try:
-            environ = self._read_request()
-        except _BadRequest as exc:
-            self._send(f"{exc.code} {_REASONS[exc.code]}", [("Content-Type", "text/plain; charset=utf-8"),
-                                                           ("Connection", "close")],
-                       f"{exc.code} {exc.message}\n".encode())
-            return
-        if environ is None:
-            return  # the client closed the connection without sending anything
-        answer: list[Any] = []
-
-        def start_response(status: str, headers: list[tuple[str, str]],
-                           exc_info: Any = None) -> Callable[[bytes], None]:
-            answer[:] = [status, headers]
-            return self._unbuffered_write
-
-        try:
-            result = self.server.app(environ, start_response)  # type: ignore[attr-defined]  # a _Server's
-            try:
-                body = b"".join(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-            if not answer:
-                raise RuntimeError("the application returned without calling start_response")
-        except Exception as exc:  # a bug in the app: worth a traceback, in the log's own format
-            _log().error("http_handler_failed", error=repr(exc), exc_info=True)
-            self._send("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")],
-                       b"500 internal error: see gpuwatch's log\n")
-            return
-        self._send(answer[0], answer[1], body)
-
-    def _unbuffered_write(self, data: bytes) -> None:  # WSGI's write(): no app of gpuwatch's calls it
-        raise RuntimeError("write() is not supported: return the body")
-
-    def _line(self) -> bytes:
-        line = self.rfile.readline(MAX_LINE + 1)
-        if len(line) > MAX_LINE:
-            raise _BadRequest(431, "Line too long")
-        return line
-
-    def _read_request(self) -> dict[str, Any] | None:
-        line = self.rfile.readline(MAX_LINE + 1)
-        if not line:
-            return None
-        if len(line) > MAX_LINE:
-            raise _BadRequest(414, "Request line too long")
-        words = line.split()
-        if len(words) != 3:
-            raise _BadRequest(400, "Bad request line: expected METHOD PATH HTTP/1.x" if words else "Empty request line")
-        method, target, version = words
-        number = _VERSION.fullmatch(version)
-        if number is None:
-            raise _BadRequest(400, f"Bad request version {version.decode('iso-8859-1')!r}")
-        if number.group(1) != b"1":
-            raise _BadRequest(505, f"HTTP version not supported: {version.decode('iso-8859-1')}")
-        if not _TOKEN.fullmatch(method):
-            raise _BadRequest(400, "Bad request method: not an HTTP token")
-        headers: dict[str, str] = {}
-        for _ in range(MAX_HEADERS + 1):
-            header = self._line()
-            if header in (b"\r\n", b"\n", b""):
-                break
-            if header[:1] in (b" ", b"\t"):
-                raise _BadRequest(400, "Bad header: obsolete line folding")
-            name, colon, value = header.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name):
-                raise _BadRequest(400, "Bad header line: expected NAME: VALUE")
-            key = "HTTP_" + name.decode("ascii").upper().replace("-", "_")
-            text = value.strip().decode("iso-8859-1")
-            headers[key] = f"{headers[key]},{text}" if key in headers else text
-        else:
-            raise _BadRequest(431, "Too many headers")
-        path, _, query = target.decode("iso-8859-1").partition("?")
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": method.decode("ascii"), "SCRIPT_NAME": "", "PATH_INFO": unquote(path, "iso-8859-1"),
-            "QUERY_STRING": query, "SERVER_PROTOCOL": version.decode("ascii"),
-            "SERVER_NAME": self.server.server_name, "SERVER_PORT": str(self.server.server_port),  # type: ignore[attr-defined]
-            "REMOTE_ADDR": self.client_address[0] if isinstance(self.client_address, tuple) else "",
-            "wsgi.version": (1, 0), "wsgi.input": self.rfile, "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
-        }
-        for field in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            if "HTTP_" + field in headers:
-                environ[field] = headers.pop("HTTP_" + field)
-        environ.update(headers)
-        ssl = sys.modules.get("ssl")  # a TLS listener loaded it (gpuwatch.web.config.server_context)
-        tls = ssl is not None and isinstance(self.connection, ssl.SSLSocket)
-        environ["wsgi.url_scheme"] = "https" if tls else "http"
-        if tls:
-            environ["HTTPS"] = "on"
-        return environ
-
-    def _send(self, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
-        lines = [f"HTTP/1.0 {status}", f"Date: {http_date(time.time())}"]
-        lines += [f"{name}: {value}" for name, value in headers]
-        if not any(name.lower() == "content-length" for name, _ in headers):
-            lines.append(f"Content-Length: {len(body)}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("iso-8859-1", "replace")
-        try:
-            self.wfile.write(head)
-            self.wfile.write(body)
-            self.wfile.flush()
-        except OSError as exc:  # the client went away or timed out, a TLS error mid-response
-            _log().debug("http_connection_error", error=_reason(exc))
-            self.write_failed = True
-
-    def finish(self) -> None:
-        """StreamRequestHandler's flush and close, with one try at sending: after a failed send what the
-        buffer still holds is dropped (the socket made non-blocking first), not sent again at the close,
-        which would wait REQUEST_TIMEOUT more for a client that does not read."""
-        try:
-            if self.write_failed:
-                self.connection.settimeout(0.0)
-            self.wfile.close()
-        except OSError:  # the close's flush of what was dropped
-            pass
-        finally:
-            self.rfile.close()
 
 
 # Connection threads kept waiting for the next connection after theirs (per listener): a scrape then costs no
@@ -327,14 +150,14 @@ class _Server(ThreadingMixIn, TCPServer):
             if not first:
                 return
             if first != b"\x16" and first.isalpha():  # not a TLS handshake record but an HTTP method
-                _log().debug("http_plain_request_on_tls_listener", peer=peer)
+                log().debug("http_plain_request_on_tls_listener", peer=peer)
                 _drain_head(request)
                 request.sendall(PLAIN_ON_TLS)
                 return
             try:
                 connection = tls.context.wrap_socket(request, server_side=True)
             except (OSError, ValueError) as exc:
-                _log().debug("tls_handshake_failed", peer=peer, error=_reason(exc))
+                log().debug("tls_handshake_failed", peer=peer, error=reason(exc))
                 return
             try:
                 self.RequestHandlerClass(connection, client_address, self)  # type: ignore[arg-type]  # typeshed's Self
@@ -345,7 +168,7 @@ class _Server(ThreadingMixIn, TCPServer):
                     pass
                 connection.close()
         except (OSError, ValueError) as exc:
-            _log().debug("http_connection_error", peer=peer, error=_reason(exc))
+            log().debug("http_connection_error", peer=peer, error=reason(exc))
 
     def serve(self) -> None:
         """socketserver's serve_forever without its wake-up every poll_interval to look for a shutdown:
@@ -384,7 +207,7 @@ class _Server(ThreadingMixIn, TCPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver would print a traceback to stderr; nothing a client does deserves one
         exc = sys.exc_info()[1]
-        _log().debug("http_connection_error", peer=str(client_address), error=_reason(exc) if exc else "unknown")
+        log().debug("http_connection_error", peer=str(client_address), error=reason(exc) if exc else "unknown")
 
 
 def _drain_head(sock: socket.socket, limit: int = 65536) -> None:
@@ -425,7 +248,7 @@ def _make_server(address: str, app: WsgiApp, web: WebConfigSource | None = None)
 
 
 def _make(cls: type[_Server], host: str, port: int, app: WsgiApp, web: WebConfigSource | None) -> _Server:
-    server = cls((host, port), _Handler)
+    server = cls((host, port), RequestHandler)
     server.app = app
     server.web = web
     return server
