@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
@@ -23,9 +24,13 @@ from typing import Any
 from gpuwatch.deferred import deferred, load, without_plugins
 from gpuwatch.logs import get_logger
 
-# APScheduler uses asyncio for its asyncio executor only, and importlib.metadata for plugins by alias, which
-# gpuwatch does not use (it passes trigger and executor objects): gpuwatch.deferred
-with deferred("importlib.metadata", answers=without_plugins()):
+# APScheduler uses asyncio for its asyncio executor only, importlib.metadata for plugins by alias, which
+# gpuwatch does not use (it passes trigger and executor objects), and multiprocessing for its process pool,
+# which gpuwatch does not use either (multiprocessing and concurrent.futures.process, 9 modules: 0.6 MB):
+# gpuwatch.deferred. The pool module's ``from concurrent.futures.process import BrokenProcessPool`` gets
+# BrokenProcessPool's base class, which its ``except`` then catches as it did (a process pool raises no other).
+with (deferred("importlib.metadata", answers=without_plugins()), deferred("multiprocessing"),
+      deferred("concurrent.futures.process", answers={"BrokenProcessPool": concurrent.futures.BrokenExecutor})):
     load("apscheduler.schedulers.background", "asyncio", functions=("iscoroutinefunction",))
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent  # loaded above
 from apscheduler.executors.pool import ThreadPoolExecutor

@@ -198,6 +198,24 @@ print(ours[0] == metadata.entry_points(group="console_scripts"), len(ours[0]) > 
     assert out == ["True", "True", "True"]
 
 
+def test_apscheduler_loads_without_multiprocessing_and_its_process_pool_still_works():
+    """gpuwatch uses APScheduler's thread pool only; its process pool module loads without multiprocessing
+    (which comes on first use) and catches what a broken process pool raises, as before."""
+    out = run("""
+import os, sys
+import gpuwatch.schedule
+print([m for m in ("multiprocessing", "concurrent.futures.process", "tempfile", "shutil") if m in sys.modules]
+      or "none")
+from apscheduler.executors import pool
+executor = pool.ProcessPoolExecutor(max_workers=1)  # multiprocessing.get_context through the stand-in
+print(executor._pool.submit(os.getpid).result(timeout=60) != os.getpid())
+from concurrent.futures.process import BrokenProcessPool
+print(issubclass(BrokenProcessPool, pool.BrokenProcessPool))
+executor.shutdown()
+""")
+    assert out == ["none", "True", "True"]
+
+
 # -- OpenSSL: ssl, hashlib, and prometheus_client's package __init__ ---------------------------------
 
 OPENSSL = ("ssl", "_ssl", "hashlib", "_hashlib", "urllib.request", "prometheus_client.exposition")
