@@ -178,37 +178,38 @@ def dist_version(name: str) -> str:
     importlib.metadata imports email, zipfile, csv, bz2, lzma, tempfile and importlib.resources (about
     1.3 MB of resident memory, 15 modules that nothing else in the daemon uses) for what is one line of a
     file here: the version of nvidia-ml-py in gpuwatch_build_info, APScheduler's own at its import."""
-    wanted = _normalized(name)
+    metadata = _metadata_file(_normalized(name))
+    if metadata is not None:
+        try:
+            with open(metadata, encoding="utf-8") as file:
+                for line in file:
+                    if line.startswith("Version:"):
+                        return line[len("Version:"):].strip()
+                    if not line.strip():  # the end of the headers
+                        break
+        except (OSError, ValueError):
+            pass
+    # not the stand-in of ``without_plugins``, whose ``version`` is this function
+    return _real("importlib.metadata").version(name)  # raises PackageNotFoundError where there is none
+
+
+def _metadata_file(wanted: str) -> str | None:
+    """The METADATA of the first dist-info named ``wanted`` on sys.path; None where importlib.metadata must
+    answer (the first match is an egg-info, a zip or an ``.egg`` comes first, or there is none)."""
     for entry in sys.path:
         where = entry or "."
         if entry.lower().endswith(".egg") or os.path.isfile(where):  # what only importlib.metadata reads
-            break
+            return None
         try:
             children = os.listdir(where)
         except OSError:  # a directory gone or unreadable: nothing found there
             continue
         for child in children:
-            low = child.lower()
-            if not low.endswith((".dist-info", ".egg-info")):
-                continue
-            if _normalized(low.rpartition(".")[0].partition("-")[0]) != wanted:
-                continue
-            if low.endswith(".dist-info"):
-                try:
-                    with open(os.path.join(where, child, "METADATA"), encoding="utf-8") as file:
-                        for line in file:
-                            if line.startswith("Version:"):
-                                return line[len("Version:"):].strip()
-                            if not line.strip():  # the end of the headers
-                                break
-                except (OSError, ValueError):
-                    pass
-            break  # the first match: importlib.metadata's answer from it
-        else:
-            continue
-        break
-    # not the stand-in of ``without_plugins``, whose ``version`` is this function
-    return _real("importlib.metadata").version(name)  # raises PackageNotFoundError where there is none
+            low = child.lower()  # "Name-1.0.dist-info", "name.egg-info": the name before the version
+            if low.endswith((".dist-info", ".egg-info")) and _normalized(low.rpartition(".")[0].partition("-")[0]) \
+                    == wanted:
+                return os.path.join(where, child, "METADATA") if low.endswith(".dist-info") else None
+    return None
 
 
 def _entry_points(**params: Any) -> Any:
