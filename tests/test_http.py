@@ -207,6 +207,7 @@ def echo():
 def ask(address, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
     with socket.create_connection(address, timeout=10) as client:
         client.sendall(request)
+        client.shutdown(socket.SHUT_WR)  # no more requests: a kept-alive connection ends after this answer
         answer = b""
         while chunk := client.recv(65536):
             answer += chunk
@@ -219,7 +220,7 @@ def test_the_environ_holds_the_request(echo):
     status, headers, body = ask(echo, b"GET /a%20b/%C3%A9?x=1&y=%20 HTTP/1.1\r\nHost: h\r\nAccept: a\r\n"
                                       b"X-Twice: 1\r\nx-twice:  2 \r\nContent-Type: text/x\r\n"
                                       b"Content-Length: 0\r\nX-Latin: \xe9\r\n\r\n")
-    assert status == b"HTTP/1.0 200 OK" and headers["X-Scheme"] == "http"
+    assert status == b"HTTP/1.1 200 OK" and headers["X-Scheme"] == "http"
     assert headers["Content-Length"] == str(len(body)) and headers["Date"].endswith(" GMT")
     environ = dict(line.split("=", 1) for line in body.decode().splitlines())
     assert environ["REQUEST_METHOD"] == "GET" and environ["SERVER_PROTOCOL"] == "HTTP/1.1"
@@ -251,7 +252,7 @@ def test_malformed_headers_get_an_error_status_and_the_server_serves_on(echo, re
     assert answer[0].startswith(status.strip()), answer[0]
     assert answer[1]["Content-Type"] == "text/plain; charset=utf-8" and answer[2].startswith(status.split()[1])
     assert ask(echo, b"GET / HTTP/1.1\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(100)) + b"\r\n")[0] \
-        == b"HTTP/1.0 200 OK"  # 100 header lines are fine
+        == b"HTTP/1.1 200 OK"  # 100 header lines are fine
 
 
 def test_an_app_that_raises_gets_a_500_and_one_error_line(capsys):
@@ -265,7 +266,7 @@ def test_an_app_that_raises_gets_a_500_and_one_error_line(capsys):
         status, _, body = ask(servers.servers[0].server_address[:2], b"GET / HTTP/1.1\r\n\r\n")
     finally:
         servers.close()
-    assert status == b"HTTP/1.0 500 Internal Server Error" and b"log" in body
+    assert status == b"HTTP/1.1 500 Internal Server Error" and b"log" in body
     assert [line for line in capsys.readouterr().err.splitlines() if "http_handler_failed" in line]
 
 
@@ -292,4 +293,178 @@ def test_a_head_request_gets_errors_without_a_body_and_an_unfinished_one_no_answ
         client.shutdown(socket.SHUT_WR)
         assert client.recv(65536) == b""
     status, _, body = ask(echo, b"\r\nGET / HTTP/1.1\r\nContent-Length: 0, 0\r\n\r\n")  # one empty line first
-    assert status == b"HTTP/1.0 200 OK" and b"CONTENT_LENGTH=0\n" in body
+    assert status == b"HTTP/1.1 200 OK" and b"CONTENT_LENGTH=0\n" in body
+
+
+# -- kept-alive connections and the deadlines of a request ------------------------------------------
+
+def _answers(client: socket.socket) -> bytes:
+    answer = b""
+    while chunk := client.recv(65536):
+        answer += chunk
+    return answer
+
+
+def test_an_http_1_1_connection_serves_request_after_request(echo):
+    """As Prometheus scrapes: one connection, no handshake or accept per scrape; pipelined requests are answered
+    in order."""
+    import http.client
+
+    connection = http.client.HTTPConnection(*echo, timeout=10)
+    try:
+        sockets = []
+        for path in ("/one", "/two", "/three"):
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read()
+            assert response.status == 200 and response.version == 11 and f"PATH_INFO={path}\n".encode() in body
+            assert response.getheader("Connection") is None and not response.will_close
+            sockets.append(connection.sock)
+        assert sockets[0] is not None and sockets[0] is sockets[1] is sockets[2]  # never reconnected
+    finally:
+        connection.close()
+    with socket.create_connection(echo, timeout=10) as client:
+        client.sendall(b"GET /a HTTP/1.1\r\n\r\nHEAD /b HTTP/1.1\r\n\r\nGET /c HTTP/1.1\r\nConnection: close\r\n\r\n"
+                       b"GET /never HTTP/1.1\r\n\r\n")
+        answer = _answers(client)
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3 and b"PATH_INFO=/never" not in answer
+    first, second = answer.index(b"PATH_INFO=/a\n"), answer.index(b"PATH_INFO=/c\n")
+    assert first < second and b"PATH_INFO=/b" not in answer  # HEAD: no body
+    assert answer.count(b"Connection: close\r\n") == 1
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET / HTTP/1.0\r\n\r\n",  # HTTP/1.0: one request per connection
+    b"GET / HTTP/1.1\r\nConnection: Keep-Alive, close\r\n\r\n",
+    b"GET / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",  # a body is never read: it would be the next request
+    b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+])
+def test_a_connection_that_cannot_be_kept_is_closed_after_its_answer(echo, request_bytes):
+    with socket.create_connection(echo, timeout=10) as client:
+        client.sendall(request_bytes)  # no half-close: the server ends the connection itself
+        answer = _answers(client)
+    assert answer.count(b" 200 OK\r\n") == 1
+    assert answer.startswith(b"HTTP/1.0 200 OK") or b"\r\nConnection: close\r\n" in answer
+
+
+def test_absolute_form_targets_and_headers_with_underscores(echo):
+    status, _, body = ask(echo, b"GET HTTP://node-7:9400/a/b?x=1 HTTP/1.1\r\nX-User: real\r\nX_User: spoof\r\n\r\n")
+    environ = dict(line.split("=", 1) for line in body.decode().splitlines())
+    assert status == b"HTTP/1.1 200 OK" and environ["PATH_INFO"] == "/a/b" and environ["QUERY_STRING"] == "x=1"
+    assert environ["HTTP_X_USER"] == "real"  # X_User would have the same WSGI key: dropped
+    for target, path, query in ((b"http://node-7", "/", ""), (b"https://node-7?x", "/", "x")):
+        environ = dict(line.split("=", 1) for line in ask(echo, b"GET " + target + b" HTTP/1.1\r\n\r\n")[2]
+                       .decode().splitlines())
+        assert (environ["PATH_INFO"], environ["QUERY_STRING"]) == (path, query)
+
+
+class _Clock:
+    """time for gpuwatch.web.request: monotonic time moved by the test, and how often it was read."""
+
+    def __init__(self):
+        import time
+
+        self.now, self.calls = 1000.0, 0
+        self.time, self.gmtime = time.time, time.gmtime
+
+    def monotonic(self):
+        self.calls += 1
+        return self.now
+
+
+def test_a_head_that_trickles_in_is_cut_at_its_deadline_not_a_timeout_per_byte(echo, monkeypatch, capsys):
+    """slowloris: a read timeout per recv let a client that sends a byte at a time hold a thread forever. The
+    whole head has REQUEST_TIMEOUT from its first byte (the clock is the test's: no waits)."""
+    import gpuwatch.web.request as request
+
+    clock = _Clock()
+    monkeypatch.setattr(request, "time", clock)
+    logs.configure("debug", "json")
+    try:
+        with socket.create_connection(echo, timeout=10) as client:
+            client.sendall(b"GET / HTTP/1.1\r\n")
+            # read 4 times: the wait for the first bytes (2), the head's deadline, the wait for the next line
+            wait_for(lambda: clock.calls >= 4, what="the server to wait for the rest of the head")
+            clock.now += server.REQUEST_TIMEOUT + 1  # the next line comes after the head's deadline
+            client.sendall(b"X-A: 1\r\n")
+            assert _answers(client) == b""  # closed, not answered
+        wait_for(lambda: "the request's head did not arrive in time" in capsys.readouterr().err,
+                 what="the debug line of the cut connection")
+    finally:
+        logs.configure("info", "json")
+
+
+def test_a_response_that_is_not_taken_is_given_up_at_its_deadline(monkeypatch):
+    import gpuwatch.web.request as request
+
+    clock = _Clock()
+    sent = []
+    body = b"x" * 4_000_000  # sent in parts of 64 KiB below
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [body]
+
+    real_send = socket.socket.send
+
+    def send(self, data, *flags):  # each part sent moves the clock on: the fourth would be after the deadline
+        sent.append(len(data))
+        clock.now += server.REQUEST_TIMEOUT / 2.5
+        return real_send(self, data[:65536], *flags)
+
+    monkeypatch.setattr(request, "time", clock)
+    monkeypatch.setattr(socket.socket, "send", send)
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    try:
+        with socket.create_connection(servers.servers[0].server_address[:2], timeout=10) as client:
+            client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            answer = _answers(client)
+        assert answer.startswith(b"HTTP/1.1 200 OK") and len(sent) == 3 and len(answer) < len(body)
+    finally:
+        servers.close()
+
+
+def test_kept_connections_are_bounded_closed_when_idle_and_ended_by_the_server(echo, monkeypatch):
+    import http.client
+
+    monkeypatch.setattr(server, "KEEPALIVE_MAX", 1)
+    first = http.client.HTTPConnection(*echo, timeout=10)
+    second = http.client.HTTPConnection(*echo, timeout=10)
+    try:
+        first.request("GET", "/")
+        response = first.getresponse()
+        response.read()
+        assert not response.will_close
+        # one kept connection at most: a second one open at the same time is answered and closed
+        second.request("GET", "/")
+        response = second.getresponse()
+        response.read()
+        assert response.will_close and response.getheader("Connection") == "close"
+    finally:
+        first.close()
+        second.close()
+    # an idle kept connection is closed after KEEPALIVE_SECONDS (here at once)
+    monkeypatch.setattr(server, "KEEPALIVE_SECONDS", 0.0)
+    with socket.create_connection(echo, timeout=10) as client:
+        client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert _answers(client).startswith(b"HTTP/1.1 200 OK")  # then the server's end: no second request came
+
+
+def test_closing_the_server_ends_its_kept_connections():
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    try:
+        client = socket.create_connection(servers.servers[0].server_address[:2], timeout=10)
+        client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 OK")  # kept: it waits KEEPALIVE_SECONDS (300 s)
+    finally:
+        servers.close()
+    with client:
+        assert _answers(client) == b""  # ended by the close, not by the idle timeout
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "gpuwatch-http-conn"],
+             what="the connection's thread to end")

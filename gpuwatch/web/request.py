@@ -1,5 +1,5 @@
-"""gpuwatch's own HTTP/1.x request parser: ``RequestHandler`` reads one request from a connection,
-answers it from the WSGI app (``gpuwatch.web.server`` serves it), and closes.
+"""gpuwatch's own HTTP/1.x request parser: ``RequestHandler`` reads the requests of a connection and
+answers each from the WSGI app (``gpuwatch.web.server`` serves it), keeping HTTP/1.1 connections open.
 
 http.server and wsgiref parse headers through the ``email`` package and import ``html``, ``http.client``
 and ``email`` (1.4 MB of resident memory, 23 modules), and cost a scrape about 0.05 ms of CPU more.
@@ -7,11 +7,12 @@ and ``email`` (1.4 MB of resident memory, 23 modules), and cost a scrape about 0
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 import time
 from collections.abc import Callable
-from socketserver import StreamRequestHandler
+from socketserver import BaseRequestHandler
 from typing import Any
 from urllib.parse import unquote
 
@@ -30,9 +31,12 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token: a metho
 _VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
 _FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")  # RFC 9110 field-value: no CR, LF, NUL or other controls
 _CONTROLS = re.compile(rb"[\x00-\x1f\x7f]")
+_ABSOLUTE = re.compile(rb"https?://[^/?]*", re.IGNORECASE)  # an absolute-form target's scheme and authority
 _DIGITS = re.compile(r"[0-9]+")
 MAX_LINE = 65536  # bytes of the request line and of each header line (as http.server)
 MAX_HEADERS = 100
+REQUEST_TIMEOUT = 30.0  # seconds for a request's head, from its first byte, and for sending its response
+KEEPALIVE_SECONDS = 300.0  # an idle kept connection is closed after this (Prometheus' own client: 5 minutes)
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -58,37 +62,66 @@ _REASONS = {400: "Bad Request", 414: "URI Too Long", 431: "Request Header Fields
             500: "Internal Server Error", 505: "HTTP Version Not Supported"}
 
 
-class RequestHandler(StreamRequestHandler):
-    """One request per connection (answered as HTTP/1.0, then closed), served to the WSGI app.
+class RequestHandler(BaseRequestHandler):
+    """The requests of one connection, served to the WSGI app: HTTP/1.1 keeps the connection open for the next
+    (as Prometheus and vmagent scrape: no TCP or TLS handshake and no accept per scrape), HTTP/1.0 closes it.
 
     What it takes: a request line ``METHOD TARGET HTTP/1.x`` (a token method; HTTP/0.9's version-less line, an
     empty line or other words are 400, a version other than 1.x is 505, a target with a control byte 400, a line
-    over 64 KiB 414; one empty line before it is passed over), then header lines ``name: value`` (a token name;
-    a line without one, an obsolete folded line, a value with CR, NUL or another control byte, a Content-Length
-    that is not one number: 400; more than 100 lines or one over 64 KiB: 431), up to an empty line. A request
-    whose head the client did not finish is not answered. Bytes that are not ASCII are read as ISO-8859-1, as
-    WSGI says. A body is never read (every path is GET or HEAD). Errors are answered with a status line, plain-
-    text headers and ``CODE message`` (no body to HEAD)."""
+    over 64 KiB 414; one empty line before it is passed over; an absolute-form target ``http://host/path`` is
+    its path), then header lines ``name: value`` (a token name; a line without one, an obsolete folded line, a
+    value with CR, NUL or another control byte, a Content-Length that is not one number: 400; more than 100
+    lines or one over 64 KiB: 431), up to an empty line. A header whose name has an underscore is dropped (it
+    would share its WSGI key with the name spelt with a dash: ``X_User`` posing as ``X-User``), as nginx and
+    gunicorn do. Bytes that are not ASCII are read as ISO-8859-1, as WSGI says. A body is never read (every
+    path is GET or HEAD): a request that announces one is answered and the connection closed after it.
+    Errors are answered with a status line, plain-text headers and ``CODE message`` (no body to HEAD), and
+    close the connection.
 
-    # The response is buffered and sent at the end (one send for status line, headers and a body up to the
-    # buffer's size): unbuffered, each header line and the body went out in a send of its own.
-    wbufsize = 1 << 16
+    Deadlines (``request_timeout`` and ``keepalive_seconds`` of the server, or the defaults here): a request's
+    head must arrive whole within ``request_timeout`` of its first byte, and a response must be sent within
+    ``request_timeout`` (a client that trickles one byte at a time, or reads that way, holds the connection's
+    thread that long at most, not a timeout per byte); a kept connection waits ``keepalive_seconds`` for the
+    next request. A request whose head is not finished in time, or that the client leaves unfinished, is not
+    answered."""
+
     write_failed = False  # a send of the response failed (a client that stopped reading, or went away)
-
     head_request = False  # the request's method is HEAD: answers without a body
 
+    def setup(self) -> None:
+        self._buffer = bytearray()
+        self._pos = 0
+        self._deadline = 0.0
+        server = self.server
+        self._timeout = float(getattr(server, "request_timeout", REQUEST_TIMEOUT))
+        self._idle = float(getattr(server, "keepalive_seconds", KEEPALIVE_SECONDS))
+
     def handle(self) -> None:
+        wait = self._timeout  # for the first request: a client that connects sends at once
+        while self._serve(wait):
+            wait = self._idle
+
+    def _serve(self, wait: float) -> bool:
+        """Read and answer one request; whether the connection is kept for another."""
+        self.head_request = False
         try:
-            environ = self._read_request()
+            request = self._read_request(wait)
         except _Incomplete:
-            return
+            return False
         except _BadRequest as exc:
-            self._send(f"{exc.code} {_REASONS[exc.code]}", [("Content-Type", "text/plain; charset=utf-8"),
-                                                           ("Connection", "close")],
+            self._send("HTTP/1.0", f"{exc.code} {_REASONS[exc.code]}",
+                       [("Content-Type", "text/plain; charset=utf-8"), ("Connection", "close")],
                        f"{exc.code} {exc.message}\n".encode())
-            return
-        if environ is None:
-            return  # the client closed the connection without sending anything
+            return False
+        except OSError as exc:  # a head not finished in time, a connection reset, a TLS error
+            log().debug("http_connection_error", error=reason(exc))
+            return False
+        if request is None:
+            return False  # the client closed the connection, or kept it idle too long, between requests
+        environ, version, keep = request
+        if keep:
+            allowed = getattr(self.server, "keep_alive", None)
+            keep = allowed is None or bool(allowed())
         answer: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]],
@@ -108,23 +141,57 @@ class RequestHandler(StreamRequestHandler):
                 raise RuntimeError("the application returned without calling start_response")
         except Exception as exc:  # a bug in the app: worth a traceback, in the log's own format
             log().error("http_handler_failed", error=repr(exc), exc_info=True)
-            self._send("500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")],
+            self._send(version, "500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8"),
+                                                              ("Connection", "close")],
                        b"500 internal error: see gpuwatch's log\n")
-            return
-        self._send(answer[0], answer[1], body)
+            return False
+        headers = answer[1]
+        if not keep and version == "HTTP/1.1":
+            headers = [*headers, ("Connection", "close")]
+        self._send(version, answer[0], headers, body)
+        return keep and not self.write_failed
 
     def _unbuffered_write(self, data: bytes) -> None:  # WSGI's write(): no app of gpuwatch's calls it
         raise RuntimeError("write() is not supported: return the body")
 
-    def _line(self, code: int, message: str) -> bytes:
-        line = self.rfile.readline(MAX_LINE + 1)
-        if len(line) > MAX_LINE:
-            raise _BadRequest(code, message)
-        if not line.endswith(b"\n"):
-            raise _Incomplete()
-        return line
+    def _fill(self, deadline: float) -> bool:
+        """Receive more of the request before ``deadline`` (TimeoutError after it); False at the client's end."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request's head did not arrive in time")
+        self.request.settimeout(remaining)
+        chunk = self.request.recv(65536)
+        if not chunk:
+            return False
+        if self._pos:  # what was read before is passed: keep only what is left
+            del self._buffer[:self._pos]
+            self._pos = 0
+        self._buffer += chunk
+        return True
 
-    def _read_request(self) -> dict[str, Any] | None:
+    def _line(self, code: int, message: str) -> bytes:
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\n", self._pos, self._pos + MAX_LINE)
+            if end >= 0:
+                line = bytes(buffer[self._pos:end + 1])
+                self._pos = end + 1
+                return line
+            if len(buffer) - self._pos >= MAX_LINE:
+                raise _BadRequest(code, message)
+            if not self._fill(self._deadline):
+                raise _Incomplete()
+
+    def _read_request(self, wait: float) -> tuple[dict[str, Any], str, bool] | None:
+        """(WSGI environ, the response's HTTP version, whether the connection may be kept after it), or None
+        when the client closed the connection or sent nothing for ``wait`` seconds before a request."""
+        if self._pos >= len(self._buffer):  # nothing of the next request yet: wait for its first bytes
+            try:
+                if not self._fill(time.monotonic() + wait):
+                    return None
+            except TimeoutError:
+                return None
+        self._deadline = time.monotonic() + self._timeout  # the whole head from here
         try:
             line = self._line(414, "Request line too long")
             if line in (b"\r\n", b"\n"):  # RFC 9112 §2.2: one empty line before the request line is passed over
@@ -145,6 +212,11 @@ class RequestHandler(StreamRequestHandler):
             raise _BadRequest(400, "Bad request method: not an HTTP token")
         if _CONTROLS.search(target):
             raise _BadRequest(400, "Bad request target: a control character")
+        absolute = _ABSOLUTE.match(target)  # RFC 9112 §3.2.2: a server accepts the absolute form (proxies send it)
+        if absolute is not None:
+            target = target[absolute.end():] or b"/"
+            if not target.startswith(b"/"):  # only a query after the authority
+                target = b"/" + target
         headers: dict[str, str] = {}
         for _ in range(MAX_HEADERS + 1):
             header = self._line(431, "Line too long")
@@ -158,6 +230,8 @@ class RequestHandler(StreamRequestHandler):
             value = value.rstrip(b"\r\n").strip(b" \t")
             if not _FIELD_VALUE.fullmatch(value):
                 raise _BadRequest(400, "Bad header value: a control character")
+            if b"_" in name:
+                continue  # its WSGI key is the one of the name with a dash: dropped, as nginx and gunicorn do
             key = "HTTP_" + name.decode("ascii").upper().replace("-", "_")
             text = value.decode("iso-8859-1")
             headers[key] = f"{headers[key]},{text}" if key in headers else text
@@ -168,14 +242,19 @@ class RequestHandler(StreamRequestHandler):
             numbers = {part.strip(" \t") for part in length.split(",")}
             if len(numbers) != 1 or not all(_DIGITS.fullmatch(number) for number in numbers):
                 raise _BadRequest(400, "Bad Content-Length: not one number")
-            headers["HTTP_CONTENT_LENGTH"] = numbers.pop()
+            length = headers["HTTP_CONTENT_LENGTH"] = numbers.pop()
+        protocol = version.decode("ascii")
+        keep = (protocol == "HTTP/1.1" and "HTTP_TRANSFER_ENCODING" not in headers
+                and (length is None or int(length) == 0)  # a body, never read, would be taken for the next request
+                and "close" not in (token.strip(" \t").lower()
+                                    for token in headers.get("HTTP_CONNECTION", "").split(",")))
         path, _, query = target.decode("iso-8859-1").partition("?")
         environ: dict[str, Any] = {
             "REQUEST_METHOD": method.decode("ascii"), "SCRIPT_NAME": "", "PATH_INFO": unquote(path, "iso-8859-1"),
-            "QUERY_STRING": query, "SERVER_PROTOCOL": version.decode("ascii"),
+            "QUERY_STRING": query, "SERVER_PROTOCOL": protocol,
             "SERVER_NAME": self.server.server_name, "SERVER_PORT": str(self.server.server_port),  # type: ignore[attr-defined]
             "REMOTE_ADDR": self.client_address[0] if isinstance(self.client_address, tuple) else "",
-            "wsgi.version": (1, 0), "wsgi.input": self.rfile, "wsgi.errors": sys.stderr,
+            "wsgi.version": (1, 0), "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr,
             "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
         }
         for field in ("CONTENT_TYPE", "CONTENT_LENGTH"):
@@ -183,37 +262,33 @@ class RequestHandler(StreamRequestHandler):
                 environ[field] = headers.pop("HTTP_" + field)
         environ.update(headers)
         ssl = sys.modules.get("ssl")  # a TLS listener loaded it (gpuwatch.web.config.server_context)
-        tls = ssl is not None and isinstance(self.connection, ssl.SSLSocket)
+        tls = ssl is not None and isinstance(self.request, ssl.SSLSocket)
         environ["wsgi.url_scheme"] = "https" if tls else "http"
         if tls:
             environ["HTTPS"] = "on"
-        return environ
+        return environ, "HTTP/1.1" if protocol == "HTTP/1.1" else "HTTP/1.0", keep
 
-    def _send(self, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
-        lines = [f"HTTP/1.0 {status}", f"Date: {http_date(time.time())}"]
+    def _send(self, version: str, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
+        """The response in one send where it fits the socket's buffer (never a small head and its body apart:
+        the body would wait for the head's ACK), within ``request_timeout`` in all."""
+        lines = [f"{version} {status}", f"Date: {http_date(time.time())}"]
         lines += [f"{name}: {value}" for name, value in headers]
         if not any(name.lower() == "content-length" for name, _ in headers):
             lines.append(f"Content-Length: {len(body)}")
         # a CR, LF or NUL in a header would end it early (a second guard: the request's values have none)
         head = "\r\n".join(line.replace("\r", " ").replace("\n", " ").replace("\0", " ") for line in lines)
+        data = (head + "\r\n\r\n").encode("iso-8859-1", "replace")
+        if not self.head_request:
+            data += body
+        deadline = time.monotonic() + self._timeout
+        view = memoryview(data)
         try:
-            self.wfile.write((head + "\r\n\r\n").encode("iso-8859-1", "replace"))
-            if not self.head_request:
-                self.wfile.write(body)
-            self.wfile.flush()
-        except OSError as exc:  # the client went away or timed out, a TLS error mid-response
+            while view:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("the response was not taken in time")
+                self.request.settimeout(remaining)
+                view = view[self.request.send(view):]
+        except OSError as exc:  # the client went away or does not read, a TLS error mid-response
             log().debug("http_connection_error", error=reason(exc))
             self.write_failed = True
-
-    def finish(self) -> None:
-        """StreamRequestHandler's flush and close, with one try at sending: after a failed send what the
-        buffer still holds is dropped (the socket made non-blocking first), not sent again at the close,
-        which would wait REQUEST_TIMEOUT more for a client that does not read."""
-        try:
-            if self.write_failed:
-                self.connection.settimeout(0.0)
-            self.wfile.close()
-        except OSError:  # the close's flush of what was dropped
-            pass
-        finally:
-            self.rfile.close()

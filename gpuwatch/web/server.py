@@ -81,7 +81,12 @@ def _with_headers(start_response: StartResponse, extra: tuple[tuple[str, str], .
     return respond
 
 
-REQUEST_TIMEOUT = 30.0  # seconds a connection may take per read or write (TLS handshake included)
+REQUEST_TIMEOUT = 30.0  # seconds for a TLS handshake, a request's head (from its first byte), a response's send
+KEEPALIVE_SECONDS = 300.0  # an idle kept-alive connection is closed after this (Prometheus' client: 5 minutes)
+# Connections kept open after a response at most (each holds a thread while it waits for its next request):
+# Prometheus servers, vmagents and a person with curl need a handful; the connections beyond get answered
+# and closed (``Connection: close``), as HTTP/1.0's are.
+KEEPALIVE_MAX = 16
 PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
                 b"Client sent an HTTP request to an HTTPS server.\n")
 
@@ -110,6 +115,7 @@ class _Server(ThreadingMixIn, TCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._workers_lock = threading.Lock()
         self._idle = 0  # kept threads waiting on _work
+        self._open: set[Any] = set()  # the connections being served (stop() ends the kept-alive ones)
         self._work: SimpleQueue[tuple[Any, Any] | None] = SimpleQueue()
         super().__init__(*args, **kwargs)
 
@@ -136,8 +142,31 @@ class _Server(ThreadingMixIn, TCPServer):
                 return
             request, client_address = item
 
+    @property
+    def request_timeout(self) -> float:  # RequestHandler's deadlines: this module's, at the time of the request
+        return REQUEST_TIMEOUT
+
+    @property
+    def keepalive_seconds(self) -> float:
+        return KEEPALIVE_SECONDS
+
+    def keep_alive(self) -> bool:
+        """Whether a connection may stay open after its response (RequestHandler asks before each)."""
+        return not self._stopping and len(self._open) <= KEEPALIVE_MAX
+
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Runs in the connection's own thread: TLS handshake there, never in the accept loop."""
+        with self._workers_lock:
+            if self._stopping:
+                return
+            self._open.add(request)
+        try:
+            self._finish_request(request, client_address)
+        finally:
+            with self._workers_lock:
+                self._open.discard(request)
+
+    def _finish_request(self, request: Any, client_address: Any) -> None:
         peer = client_address[0] if isinstance(client_address, tuple) else str(client_address)
         try:
             request.settimeout(REQUEST_TIMEOUT)
@@ -191,10 +220,15 @@ class _Server(ThreadingMixIn, TCPServer):
     _wake_w: socket.socket | None = None
 
     def stop(self) -> None:
-        """Ends ``serve`` from another thread, and the kept threads that wait."""
+        """Ends ``serve`` from another thread, the kept threads that wait and the connections kept open."""
         self._stopping = True
         with self._workers_lock:
             waiting, self._idle = self._idle, 0
+            for connection in self._open:  # its thread, waiting for a next request, sees the end at once
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         for _ in range(waiting):
             self._work.put(None)
         wake = self._wake_w
