@@ -16,11 +16,13 @@ after the other, and are measured the same way:
   FAKE_NVML_CPU), divided by the polls made (nvmlDeviceGetTemperatureV calls, once per GPU and poll
   for both) and the GPUs. Everything the process does is in: polling, rules, rendering the scrapes,
   timers, threads, the HTTP server. A scraper thread asks for /metrics at the cadence's scrape
-  interval with Prometheus' headers (OpenMetrics preferred, gzip);
+  interval with Prometheus' headers (OpenMetrics preferred, gzip) over one connection kept open, as
+  Prometheus keeps it (an exporter that closes each connection gets a new one per scrape);
 - resident memory (VmRSS) after at least 300 polls (10 minutes' worth at gpuwatch's default 2 s;
   gpuwatch keeps its default 300 s rule history, which at 0.5 s polls holds twice the samples it does
   at 2 s: the figure is on the high side);
-- /metrics latency alone (sequential requests) and with 20 concurrent scrapers, and its size.
+- /metrics latency alone (sequential requests) and with 20 concurrent scrapers, and its size, each request
+  on a connection of its own (the connect included: the worst case).
 
 Readings: "steady" as the fake node has them (they stay put between polls, as an idle GPU's mostly
 do), then "changing" at every poll (Changer: power, temperatures, utilization, clocks, memory in use,
@@ -241,13 +243,25 @@ def cpu_window(exp: Exporter, gpus: int, seconds: float, scrape_every: float) ->
     scrapes: list[float] = []
 
     def scraper() -> None:
+        # one connection kept from scrape to scrape, as Prometheus keeps it (HTTP/1.1 keep-alive); an exporter
+        # that answers and closes (nvitop-exporter's HTTP/1.0 server) gets a new connection for each scrape
+        conn = http.client.HTTPConnection("127.0.0.1", exp.port, timeout=30)
         next_at = time.monotonic()
-        while not stop.is_set():
-            status, _, took = exp.get(PROMETHEUS_HEADERS)
-            if status == 200:
-                scrapes.append(took)
-            next_at += scrape_every
-            stop.wait(max(0.0, next_at - time.monotonic()))
+        try:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    conn.request("GET", "/metrics", headers=PROMETHEUS_HEADERS)
+                    response = conn.getresponse()
+                    response.read()
+                    if response.status == 200:
+                        scrapes.append(time.perf_counter() - t0)
+                except (OSError, http.client.HTTPException):
+                    conn.close()  # the next request connects again
+                next_at += scrape_every
+                stop.wait(max(0.0, next_at - time.monotonic()))
+        finally:
+            conn.close()
 
     thread = threading.Thread(target=scraper, daemon=True)
     polls0, lib0 = exp.counters()
