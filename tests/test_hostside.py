@@ -385,3 +385,64 @@ def test_grpcio_is_imported_only_where_the_kubelet_socket_is(tmp_path, socket, r
             assert "gpuwatch[kubernetes]" in events[0]["hint"]
         else:  # a socket that is no kubelet: grpcio is imported to ask it, and the failure is counted
             assert out["grpc"] is True and out["errors"]
+
+
+# -- the scan's own glob, held equal to pathlib's ----------------------------------------------------
+
+_NAMES = ("system.slice", "slurmstepd.scope", "n1_slurmstepd.scope", "job_7", "job_12", "slurm", "slurm_n1", "uid_0",
+          "devices", "cpu,cpuacct", "kubepods", "kubepods.slice", "kubepods-pod1.slice", "kubepods-besteffort.slice",
+          "kubepods-besteffort-pod2.slice", "pod3", "burstable", ".hidden", "x[1]", "job_", "Job_8")
+
+
+def _tree(root: Path, entries) -> None:
+    """entries: (path of names, kind: 0 directory, 1 file, 2 symlink to the first directory made)."""
+    first_dir = None
+    for names, kind in entries:
+        path = root.joinpath(*names)
+        parent_ok = all(p.is_dir() for p in [root.joinpath(*names[:i]) for i in range(1, len(names))])
+        if not parent_ok or path.exists() or path.is_symlink():
+            continue
+        if kind == 0:
+            path.mkdir()
+            first_dir = first_dir or path
+        elif kind == 1:
+            path.write_text("x")
+        elif first_dir is not None and first_dir not in path.parents:
+            path.symlink_to(first_dir, target_is_directory=True)
+
+
+def test_the_scans_glob_finds_what_pathlib_finds_in_the_same_order():
+    import tempfile
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    patterns = (*cgroups._SLURM_V2, *cgroups._SLURM_V1, *cgroups._PODS, *("*/" + p for p in cgroups._PODS),
+                "system.slice/*slurmstepd.scope", "*/slurm*/uid_*", "devices/slurm*")
+    entry = st.tuples(st.lists(st.sampled_from(_NAMES), min_size=1, max_size=4).map(tuple), st.integers(0, 2))
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(entry, max_size=40))
+    def same(entries):
+        with tempfile.TemporaryDirectory() as directory:
+            root = Path(directory)
+            _tree(root, sorted(entries, key=lambda e: len(e[0])))
+            listings = {}  # shared as in a scan: a directory listed by one pattern is looked up by the next
+            for pattern in patterns:
+                assert cgroups.glob(root, pattern, listings) == list(root.glob(pattern)), pattern
+
+    same()
+    assert cgroups.glob(Path("/nonexistent-root"), "*/slurm*") == []
+    with tempfile.TemporaryDirectory() as directory:  # every pattern finds something: the layouts of a node
+        root = Path(directory)
+        _tree(root, [(("cpu,cpuacct",), 0), (("cpu",), 2)] + [
+            (tuple(path.split("/")[:i]), 0) for path in (
+                "system.slice/n1_slurmstepd.scope/job_7", "devices/slurm/uid_0/job_12",
+                "cpu,cpuacct/slurm_n1/uid_0/job_12", "kubepods.slice/kubepods-pod1.slice",
+                "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod2.slice", "kubepods/pod3",
+                "kubepods/burstable/pod3", "memory/kubepods/burstable/pod3", "memory/kubepods/pod3",
+                "memory/kubepods.slice/kubepods-pod1.slice",
+                "memory/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod2.slice") for i in range(1, 5)])
+        for pattern in patterns:
+            found = cgroups.glob(root, pattern)
+            assert found and found == list(root.glob(pattern)), pattern

@@ -391,6 +391,24 @@ def test_tls_refuses_plain_http_and_bad_clients_and_keeps_serving(pki, tmp_path,
     assert "Traceback" not in logs.read()
 
 
+def test_a_tls_connection_is_kept_for_the_next_scrape(pki, tmp_path):
+    """One handshake for many scrapes, as Prometheus keeps its connection; basic auth asked of each request."""
+    with serving(tls_file(pki, tmp_path, users=True)) as (servers, _):
+        connection = http.client.HTTPSConnection("127.0.0.1", servers.servers[0].server_address[1],
+                                                 context=client_context(pki), timeout=30)
+        try:
+            seen = []
+            for credentials in (("prometheus", PASSWORD), ("prometheus", "wrong"), ("prometheus", PASSWORD)):
+                connection.request("GET", "/metrics", headers={"Authorization": webconfig.basic_header(*credentials)})
+                response = connection.getresponse()
+                response.read()
+                seen.append((response.status, connection.sock))
+            assert [status for status, _ in seen] == [200, 401, 200]
+            assert seen[0][1] is not None and seen[0][1] is seen[1][1] is seen[2][1]  # one connection
+        finally:
+            connection.close()
+
+
 def test_mtls_requires_a_certificate_from_the_client_ca(pki, tmp_path, capsys):
     logs = Logs(capsys)
     with serving(tls_file(pki, tmp_path, MTLS.format(pki=pki))) as (servers, base):

@@ -15,11 +15,13 @@ Every read is of small pseudo-files; a job that ends mid-scan is simply missing 
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuwatch.attribution import POD_UID
 from gpuwatch.hostside.hostile import Report, finite, natural, shown
@@ -292,27 +294,79 @@ class Scan:
     slurm_hierarchy: bool
 
 
+_MATCHERS: dict[str, Any] = {}  # a wildcard segment -> its fnmatch pattern, compiled
+
+
+def glob(root: Path, pattern: str, listings: dict[str, dict[str, os.DirEntry[str]]] | None = None) -> list[Path]:
+    """``list(root.glob(pattern))`` for a pattern of plain and wildcard segments (no ``**``): the same paths in
+    the same order (tests/test_hostside.py holds the two equal), without a Path object and a stat per entry
+    looked at (pathlib's glob: 0.8 ms a scan of a cgroup v1 tree, most of a host read). ``listings``: the
+    directories listed so far, shared by the globs of one scan (each lists the controllers again). A
+    directory that goes away while it is listed (a job that ends) has nothing in it, where pathlib raises."""
+    listings = {} if listings is None else listings
+    paths = [str(root)]
+    parts = pattern.split("/")
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        found: list[str] = []
+        if not any(c in part for c in "*?["):
+            test = os.path.exists if last else os.path.isdir
+            for parent in paths:
+                listed = listings.get(parent)
+                if listed is not None and part not in listed:
+                    continue  # not in the parent's listing of this scan: no stat for it
+                path = os.path.join(parent, part)
+                if test(path):
+                    found.append(path)
+        else:
+            match = _MATCHERS.get(part)
+            if match is None:
+                match = _MATCHERS[part] = re.compile(fnmatch.translate(part)).fullmatch
+            for parent in paths:
+                entries = listings.get(parent)
+                if entries is None:
+                    try:
+                        with os.scandir(parent) as listing:
+                            entries = {entry.name: entry for entry in listing}
+                    except OSError:
+                        entries = {}
+                    listings[parent] = entries
+                for entry in entries.values():
+                    if not match(entry.name):
+                        continue
+                    if not last:
+                        try:
+                            if not entry.is_dir():
+                                continue
+                        except OSError:
+                            continue
+                    found.append(os.path.join(parent, entry.name))
+        paths = found
+    return [Path(path) for path in paths]
+
+
 def scan(root: Path) -> Scan:
     jobs: dict[tuple[str, str], JobCgroup] = {}
+    listings: dict[str, dict[str, os.DirEntry[str]]] = {}  # each directory listed once a scan
     slurm = False
     for pattern in _SLURM_V2:
-        for path in root.glob(pattern):
+        for path in glob(root, pattern, listings):
             match = _JOB.search(path.name)
             if match and path.is_dir():
                 jobs.setdefault(("slurm", match.group(1)), JobCgroup("slurm", match.group(1))).dirs[""] = path
-    slurm = slurm or any(root.glob("system.slice/*slurmstepd.scope"))
+    slurm = slurm or any(glob(root, "system.slice/*slurmstepd.scope", listings))
     for pattern in _SLURM_V1:
-        for path in root.glob(pattern):
+        for path in glob(root, pattern, listings):
             match, uid = _JOB.search(path.name), _UID.search(path.parent.name)
             if match and path.is_dir():
                 job = jobs.setdefault(("slurm", match.group(1)), JobCgroup("slurm", match.group(1)))
                 job.dirs[path.relative_to(root).parts[0]] = path
                 if uid:
                     job.uid = natural(uid.group(1), MAX_ID)
-    slurm = slurm or any(root.glob("*/slurm*/uid_*")) or any(root.glob("devices/slurm*"))
+    slurm = slurm or any(glob(root, "*/slurm*/uid_*", listings)) or any(glob(root, "devices/slurm*", listings))
     for prefix in ("", "*/"):
         for pattern in _PODS:
-            for path in root.glob(prefix + pattern):
+            for path in glob(root, prefix + pattern, listings):
                 pod = _POD_UID.search(path.name)
                 if pod and path.is_dir():
                     pod_uid = pod.group(1).replace("_", "-")
