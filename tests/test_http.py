@@ -468,3 +468,17 @@ def test_closing_the_server_ends_its_kept_connections():
         assert _answers(client) == b""  # ended by the close, not by the idle timeout
     wait_for(lambda: not [t for t in threading.enumerate() if t.name == "gpuwatch-http-conn"],
              what="the connection's thread to end")
+
+
+def test_odd_lengths_and_later_versions(echo):
+    """A Content-Length of 5,000 zeros is none (kept); of 5,000 nines a body (answered, closed: Python's int()
+    refuses more than 4,300 digits, which once left it unanswered); HTTP/1.2 is answered as 1.1 (RFC 9110)."""
+    for digits, kept in ((b"0" * 5000, True), (b"9" * 5000, False)):
+        with socket.create_connection(echo, timeout=10) as client:
+            client.sendall(b"GET / HTTP/1.1\r\nContent-Length: " + digits + b"\r\n\r\n")
+            if kept:
+                client.shutdown(socket.SHUT_WR)
+            answer = _answers(client)
+        assert answer.startswith(b"HTTP/1.1 200 OK") and (b"Connection: close" in answer) != kept
+    status, headers, _ = ask(echo, b"GET / HTTP/1.2\r\n\r\n")
+    assert status == b"HTTP/1.1 200 OK" and "Connection" not in headers

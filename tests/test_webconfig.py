@@ -13,7 +13,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+from daemon import wait_for
 
 from gpuwatch import config as configuration
 from gpuwatch import web as webconfig
@@ -161,12 +161,6 @@ def refused(url, context):
     with pytest.raises((OSError, http.client.HTTPException)):
         get(url, context)
 
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 class Logs:
@@ -407,6 +401,47 @@ def test_a_tls_connection_is_kept_for_the_next_scrape(pki, tmp_path):
             assert seen[0][1] is not None and seen[0][1] is seen[1][1] is seen[2][1]  # one connection
         finally:
             connection.close()
+
+
+def test_closing_the_server_ends_its_kept_tls_connections(pki, tmp_path):
+    """The TLS socket stands for the raw one (detached by the wrap) among the connections stop() ends."""
+    with serving(tls_file(pki, tmp_path)) as (servers, _):
+        connection = http.client.HTTPSConnection("127.0.0.1", servers.servers[0].server_address[1],
+                                                 context=client_context(pki), timeout=10)
+        try:
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200 and not response.will_close  # kept: it would wait 300 s
+            servers.close()
+            assert connection.sock.recv(100) == b""  # ended by the close, not by the idle timeout
+        finally:
+            connection.close()
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "gpuwatch-http-conn"],
+             what="the connection's thread to end")
+
+
+def test_plain_http_trickled_into_a_tls_listener_is_cut_at_the_deadline(pki, tmp_path, monkeypatch):
+    """The 400 to plain HTTP on a TLS listener reads the client's head first: within REQUEST_TIMEOUT in all,
+    not a timeout per read (the clock is the test's)."""
+    import gpuwatch.web.server as server
+
+    class Clock:
+        now, calls = 1000.0, 0
+
+        def monotonic(self):
+            self.calls += 1
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(server, "time", clock)
+    with serving(tls_file(pki, tmp_path)) as (servers, _):
+        with socket.create_connection(("127.0.0.1", servers.servers[0].server_address[1]), timeout=10) as raw:
+            raw.sendall(b"GET / HTTP/1.1\r\n")
+            wait_for(lambda: clock.calls >= 2, what="the server to read the head (its deadline, the first wait)")
+            clock.now += server.REQUEST_TIMEOUT + 1
+            raw.sendall(b"Host: x\r\n")
+            assert raw.recv(100) == b""  # closed without the 400: the head did not come in time
 
 
 def test_mtls_requires_a_certificate_from_the_client_ca(pki, tmp_path, capsys):

@@ -328,8 +328,8 @@ def glob(root: Path, pattern: str, listings: dict[str, dict[str, os.DirEntry[str
                     try:
                         with os.scandir(parent) as listing:
                             entries = {entry.name: entry for entry in listing}
-                    except OSError:
-                        entries = {}
+                    except OSError:  # gone, or not readable (a name in it may still be reached: not kept)
+                        continue
                     listings[parent] = entries
                 for entry in entries.values():
                     if not match(entry.name):

@@ -244,8 +244,9 @@ class RequestHandler(BaseRequestHandler):
                 raise _BadRequest(400, "Bad Content-Length: not one number")
             length = headers["HTTP_CONTENT_LENGTH"] = numbers.pop()
         protocol = version.decode("ascii")
-        keep = (protocol == "HTTP/1.1" and "HTTP_TRANSFER_ENCODING" not in headers
-                and (length is None or int(length) == 0)  # a body, never read, would be taken for the next request
+        modern = number.group(2) != b"0"  # HTTP/1.1, or a later 1.x answered as 1.1 (RFC 9110 §2.5)
+        keep = (modern and "HTTP_TRANSFER_ENCODING" not in headers
+                and (length is None or not length.strip("0"))  # a body, never read, would be the next request
                 and "close" not in (token.strip(" \t").lower()
                                     for token in headers.get("HTTP_CONNECTION", "").split(",")))
         path, _, query = target.decode("iso-8859-1").partition("?")
@@ -266,7 +267,7 @@ class RequestHandler(BaseRequestHandler):
         environ["wsgi.url_scheme"] = "https" if tls else "http"
         if tls:
             environ["HTTPS"] = "on"
-        return environ, "HTTP/1.1" if protocol == "HTTP/1.1" else "HTTP/1.0", keep
+        return environ, "HTTP/1.1" if modern else "HTTP/1.0", keep
 
     def _send(self, version: str, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
         """The response in one send where it fits the socket's buffer (never a small head and its body apart:

@@ -17,6 +17,7 @@ import selectors
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from queue import SimpleQueue
 from socketserver import TCPServer, ThreadingMixIn
@@ -83,9 +84,9 @@ def _with_headers(start_response: StartResponse, extra: tuple[tuple[str, str], .
 
 REQUEST_TIMEOUT = 30.0  # seconds for a TLS handshake, a request's head (from its first byte), a response's send
 KEEPALIVE_SECONDS = 300.0  # an idle kept-alive connection is closed after this (Prometheus' client: 5 minutes)
-# Connections kept open after a response at most (each holds a thread while it waits for its next request):
-# Prometheus servers, vmagents and a person with curl need a handful; the connections beyond get answered
-# and closed (``Connection: close``), as HTTP/1.0's are.
+# Connections kept open after a response at most, per listener (each holds a thread while it waits for its
+# next request): Prometheus servers, vmagents and a person with curl need a handful; the connections beyond
+# get answered and closed (``Connection: close``), as HTTP/1.0's are.
 KEEPALIVE_MAX = 16
 PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
                 b"Client sent an HTTP request to an HTTPS server.\n")
@@ -166,6 +167,16 @@ class _Server(ThreadingMixIn, TCPServer):
             with self._workers_lock:
                 self._open.discard(request)
 
+    def _wrapped(self, request: Any, connection: Any) -> bool:
+        """The TLS socket stands for the raw one in ``_open`` (the raw one is detached: stop() could not end it
+        through it); False when stop() came first."""
+        with self._workers_lock:
+            self._open.discard(request)
+            if self._stopping:
+                return False
+            self._open.add(connection)
+            return True
+
     def _finish_request(self, request: Any, client_address: Any) -> None:
         peer = client_address[0] if isinstance(client_address, tuple) else str(client_address)
         try:
@@ -180,17 +191,20 @@ class _Server(ThreadingMixIn, TCPServer):
                 return
             if first != b"\x16" and first.isalpha():  # not a TLS handshake record but an HTTP method
                 log().debug("http_plain_request_on_tls_listener", peer=peer)
-                _drain_head(request)
+                _drain_head(request, time.monotonic() + REQUEST_TIMEOUT)
                 request.sendall(PLAIN_ON_TLS)
                 return
-            try:
+            try:  # the handshake as a whole within the socket's timeout (CPython's ssl: one deadline a call)
                 connection = tls.context.wrap_socket(request, server_side=True)
             except (OSError, ValueError) as exc:
                 log().debug("tls_handshake_failed", peer=peer, error=reason(exc))
                 return
             try:
-                self.RequestHandlerClass(connection, client_address, self)  # type: ignore[arg-type]  # typeshed's Self
+                if self._wrapped(request, connection):
+                    self.RequestHandlerClass(connection, client_address, self)  # type: ignore[arg-type]  # typeshed's Self
             finally:
+                with self._workers_lock:
+                    self._open.discard(connection)
                 try:
                     connection.shutdown(socket.SHUT_WR)
                 except OSError:
@@ -224,9 +238,9 @@ class _Server(ThreadingMixIn, TCPServer):
         self._stopping = True
         with self._workers_lock:
             waiting, self._idle = self._idle, 0
-            for connection in self._open:  # its thread, waiting for a next request, sees the end at once
-                try:
-                    connection.shutdown(socket.SHUT_RDWR)
+            for connection in self._open:  # its thread sees the end at once (one in a response: cut short)
+                try:  # the plain socket's shutdown, also of a TLS one (SSLSocket.shutdown unwraps it under its thread)
+                    socket.socket.shutdown(connection, socket.SHUT_RDWR)
                 except OSError:
                     pass
         for _ in range(waiting):
@@ -244,10 +258,15 @@ class _Server(ThreadingMixIn, TCPServer):
         log().debug("http_connection_error", peer=str(client_address), error=reason(exc) if exc else "unknown")
 
 
-def _drain_head(sock: socket.socket, limit: int = 65536) -> None:
-    """Read what a plain HTTP client sent up to the end of its headers, so that closing does not reset."""
+def _drain_head(sock: socket.socket, deadline: float, limit: int = 65536) -> None:
+    """Read what a plain HTTP client sent up to the end of its headers, so that closing does not reset; until
+    ``deadline`` (monotonic) at most, however slowly it comes (TimeoutError after it)."""
     tail, total = b"", 0
     while total < limit:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request's head did not arrive in time")
+        sock.settimeout(remaining)
         chunk = sock.recv(4096)
         if not chunk:
             return
