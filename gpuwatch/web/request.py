@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ MAX_LINE = 65536  # bytes of the request line and of each header line (as http.s
 MAX_HEADERS = 100
 REQUEST_TIMEOUT = 30.0  # seconds for a request's head, from its first byte, and for sending its response
 KEEPALIVE_SECONDS = 300.0  # an idle kept connection is closed after this (Prometheus' own client: 5 minutes)
+LINGER_SECONDS, LINGER_BYTES = 1.0, 1 << 20  # what the client still sends after a closing answer, read and dropped
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -112,6 +114,7 @@ class RequestHandler(BaseRequestHandler):
             self._send("HTTP/1.0", f"{exc.code} {_REASONS[exc.code]}",
                        [("Content-Type", "text/plain; charset=utf-8"), ("Connection", "close")],
                        f"{exc.code} {exc.message}\n".encode())
+            self._linger()
             return False
         except OSError as exc:  # a head not finished in time, a connection reset, a TLS error
             log().debug("http_connection_error", error=reason(exc))
@@ -144,12 +147,39 @@ class RequestHandler(BaseRequestHandler):
             self._send(version, "500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8"),
                                                               ("Connection", "close")],
                        b"500 internal error: see gpuwatch's log\n")
+            self._linger()
             return False
         headers = answer[1]
         if not keep and version == "HTTP/1.1":
             headers = [*headers, ("Connection", "close")]
         self._send(version, answer[0], headers, body)
+        if not keep:
+            self._linger()
         return keep and not self.write_failed
+
+    def _linger(self) -> None:
+        """Before a close after an answer: the end of our side, then what the client still sends (a body, a
+        request line's rest, pipelined requests) read and dropped, ``LINGER_SECONDS`` and ``LINGER_BYTES`` at
+        most. Closed with bytes unread, the kernel answers with a reset, and the client may lose the answer it
+        was sent (Go's server and Apache linger likewise). Not on TLS, where the end of one side is the end of
+        the session."""
+        ssl = sys.modules.get("ssl")
+        if self.write_failed or (ssl is not None and isinstance(self.request, ssl.SSLSocket)):
+            return
+        try:
+            self.request.shutdown(socket.SHUT_WR)
+            deadline, total = time.monotonic() + LINGER_SECONDS, 0
+            while total < LINGER_BYTES:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self.request.settimeout(remaining)
+                chunk = self.request.recv(65536)
+                if not chunk:
+                    return
+                total += len(chunk)
+        except OSError:  # the client went away, or kept sending past the linger: the close ends it
+            return
 
     def _unbuffered_write(self, data: bytes) -> None:  # WSGI's write(): no app of gpuwatch's calls it
         raise RuntimeError("write() is not supported: return the body")
