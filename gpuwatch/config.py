@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -191,6 +190,8 @@ def parse_listen_address(value: str) -> tuple[str, int]:
         raise ConfigError(f"web.listen-address: {value!r} is not HOST:PORT (e.g. :{DEFAULT_PORT})")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+        import ipaddress  # here: a daemon listening on no IPv6 literal does not load it (gpuwatch/__init__.py)
+
         try:
             ipaddress.IPv6Address(host)
         except ValueError:

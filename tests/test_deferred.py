@@ -303,3 +303,27 @@ def test_a_plain_daemon_never_maps_openssl(tmp_path):
         assert "libcrypto" not in maps and "libssl" not in maps and "_hashlib" not in maps
     finally:
         d.stop()
+
+
+def test_ipaddress_and_tzlocals_windows_table_load_on_first_use():
+    """pathlib imports urllib.parse, which imports ipaddress (0.3 MB): under gpuwatch it is imported where a
+    URL with a bracketed host is parsed, or an [IPv6]:port configured. tzlocal's Windows zone table likewise.
+    (An editable install's path finder imports pathlib at startup: the child forgets those modules first.)"""
+    out = run("""
+import sys
+for name in ("ipaddress", "urllib.parse", "pathlib"):
+    sys.modules.pop(name, None)
+import gpuwatch.cli.run, gpuwatch.poller, gpuwatch.backends.nvml.backend, gpuwatch.web.server
+print("ipaddress" in sys.modules, "tzlocal.windows_tz" in sys.modules)
+from urllib.parse import urlsplit
+print(urlsplit("http://[::1]:9400/metrics").hostname, "ipaddress" in sys.modules)
+try:
+    urlsplit("http://[nope]/")
+except ValueError:
+    print("ValueError")
+from gpuwatch.config import parse_listen_address
+print(parse_listen_address("[::1]:9400") == ("::1", 9400))
+from tzlocal import utils
+print(len(utils.windows_tz.tz_win) > 100, "tzlocal.windows_tz" in sys.modules)
+""")
+    assert out == ["False", "False", "::1", "True", "ValueError", "True", "True", "True"]
