@@ -446,3 +446,22 @@ def test_the_scans_glob_finds_what_pathlib_finds_in_the_same_order():
         for pattern in patterns:
             found = cgroups.glob(root, pattern)
             assert found and found == list(root.glob(pattern)), pattern
+
+
+def test_a_job_directory_that_goes_away_while_the_scan_lists_it_loses_only_that_job(tmp_path, monkeypatch):
+    """pathlib's glob raised FileNotFoundError out of the scan (the slurm and jobs groups lost the read, logged
+    as a gpuwatch bug) when a job's cgroup went away between its parent's listing and its own."""
+    slurm_v1_job(tmp_path, 11, 1000, [], [0])
+    slurm_v1_job(tmp_path, 12, 1000, [], [1])
+    gone = str(tmp_path / "cpuset" / "slurm" / "uid_1000")
+    real = os.scandir
+
+    def scandir(path):
+        if str(path) == gone:
+            raise FileNotFoundError(2, "No such file or directory", path)  # removed after the listing above it
+        return real(path)
+
+    monkeypatch.setattr(cgroups.os, "scandir", scandir)
+    found = cgroups.scan(tmp_path)
+    assert [job.job_id for job in found.jobs] == ["11", "12"] and found.slurm_hierarchy
+    assert all("cpuset" not in job.dirs and {"devices", "freezer"} <= set(job.dirs) for job in found.jobs)
