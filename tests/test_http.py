@@ -494,3 +494,33 @@ def test_a_closing_answer_is_not_lost_to_the_bytes_the_client_still_sends(echo):
             client.sendall(request)
             answer = _answers(client)
         assert answer.startswith(b"HTTP/1.0 414 " if i % 2 else b"HTTP/1.1 200 OK"), (i, answer[:40])
+
+
+def test_connections_past_the_limit_are_closed_as_they_come_with_one_warning(echo, monkeypatch, capsys):
+    """Each open connection holds a thread (one that sends nothing: 30 s); past MAX_CONNECTIONS per listener
+    they are closed at once and said once, and the listener serves again when some end."""
+    monkeypatch.setattr(server, "MAX_CONNECTIONS", 2)
+    logs.configure("info", "json")
+    held = [socket.create_connection(echo, timeout=10) for _ in range(2)]  # open, silent
+    try:
+        wait_for(lambda: len([t for t in threading.enumerate() if t.name == "gpuwatch-http-conn"]) >= 2,
+                 what="both held connections served")
+        for _ in range(3):
+            with socket.create_connection(echo, timeout=10) as extra:
+                try:
+                    extra.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                    assert extra.recv(100) == b""  # closed, not answered
+                except OSError:  # or reset
+                    pass
+    finally:
+        for connection in held:
+            connection.close()
+    def served():
+        try:
+            return ask(echo, b"GET / HTTP/1.1\r\n\r\n")[0] == b"HTTP/1.1 200 OK"
+        except OSError:  # closed (reset, or before the request was through) while the held ones still count
+            return False
+
+    wait_for(served, what="served again")
+    refused = [line for line in capsys.readouterr().err.splitlines() if "http_connections_refused" in line]
+    assert len(refused) == 1 and '"max_connections": 2' in refused[0]

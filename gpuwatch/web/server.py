@@ -24,6 +24,7 @@ from socketserver import TCPServer, ThreadingMixIn
 from typing import Any
 
 from gpuwatch.config import parse_listen_address
+from gpuwatch.logs import Repeats
 from gpuwatch.web.app import StartResponse, WsgiApp, reply
 from gpuwatch.web.auth import Authenticator
 from gpuwatch.web.config import REALM, WebConfig, WebConfigSource
@@ -88,6 +89,10 @@ KEEPALIVE_SECONDS = 300.0  # an idle kept-alive connection is closed after this 
 # next request): Prometheus servers, vmagents and a person with curl need a handful; the connections beyond
 # get answered and closed (``Connection: close``), as HTTP/1.0's are.
 KEEPALIVE_MAX = 16
+# Connections open at once at most, per listener (each holds a thread): a flood of connections that send
+# nothing holds 30 s each; past this they are closed as they come, one rate-limited warning (Prometheus
+# servers and people need a few; --web.max-requests bounds the requests worked on among them).
+MAX_CONNECTIONS = 256
 PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
                 b"Client sent an HTTP request to an HTTPS server.\n")
 
@@ -96,6 +101,13 @@ PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=
 # thread start (about 0.3 ms of CPU on the bench's VM, a third of a scrape's overhead besides the render); a
 # burst of more connections than that gets threads of its own, as many as it needs, which end with them.
 KEPT_WORKERS = 4
+
+
+class _Log:
+    """The http logger as it is at the time of each event (logs.configure may come after the server's start)."""
+
+    def __getattr__(self, level: str) -> Any:
+        return getattr(log(), level)
 
 
 class _Server(ThreadingMixIn, TCPServer):
@@ -116,24 +128,46 @@ class _Server(ThreadingMixIn, TCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._workers_lock = threading.Lock()
         self._idle = 0  # kept threads waiting on _work
+        self._connections = 0  # accepted and not closed yet
+        self._refused = Repeats(_Log(), burst=1)
         self._open: set[Any] = set()  # the connections being served (stop() ends the kept-alive ones)
         self._work: SimpleQueue[tuple[Any, Any] | None] = SimpleQueue()
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """In the accept loop: hand the connection to a kept thread that waits, else to a new one."""
+        """In the accept loop: hand the connection to a kept thread that waits, else to a new one; close it
+        at once when MAX_CONNECTIONS are open."""
+        with self._workers_lock:
+            full = self._connections >= MAX_CONNECTIONS
+            if not full:
+                self._connections += 1
+        if full:
+            self._refused.log("warning", "http_connections_refused", "full", max_connections=MAX_CONNECTIONS,
+                              hint="more connections than gpuwatch serves at once are open to this listener: a "
+                                   "client that opens many without closing them, or a flood; they are closed")
+            self.shutdown_request(request)
+            return
         with self._workers_lock:
             if self._idle:
                 self._idle -= 1
                 self._work.put((request, client_address))
                 return
-        threading.Thread(target=self._worker, args=(request, client_address), name="gpuwatch-http-conn",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._worker, args=(request, client_address), name="gpuwatch-http-conn",
+                             daemon=True).start()
+        except BaseException:  # no thread to be had: socketserver closes the connection, it is not counted
+            with self._workers_lock:
+                self._connections -= 1
+            raise
 
     def _worker(self, request: Any, client_address: Any) -> None:
         """Serve a connection, then wait for the next one, unless KEPT_WORKERS already wait (or stopping)."""
         while True:
-            self.process_request_thread(request, client_address)  # socketserver's: errors to handle_error
+            try:
+                self.process_request_thread(request, client_address)  # socketserver's: errors to handle_error
+            finally:
+                with self._workers_lock:
+                    self._connections -= 1
             with self._workers_lock:
                 if self._stopping or self._idle >= KEPT_WORKERS:
                     return
