@@ -36,8 +36,6 @@ _ABSOLUTE = re.compile(rb"https?://[^/?]*", re.IGNORECASE)  # an absolute-form t
 _DIGITS = re.compile(r"[0-9]+")
 MAX_LINE = 65536  # bytes of the request line and of each header line (as http.server)
 MAX_HEADERS = 100
-REQUEST_TIMEOUT = 30.0  # seconds for a request's head, from its first byte, and for sending its response
-KEEPALIVE_SECONDS = 300.0  # an idle kept connection is closed after this (Prometheus' own client: 5 minutes)
 LINGER_SECONDS, LINGER_BYTES = 1.0, 1 << 20  # what the client still sends after a closing answer, read and dropped
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -48,6 +46,15 @@ def http_date(seconds: float) -> str:
     t = time.gmtime(seconds)
     return (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
             f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
+
+
+def _remaining(deadline: float, late: str) -> float:
+    """Seconds left before ``deadline`` (monotonic); TimeoutError(``late``) once none are: a step of a
+    connection has that long in all, however slowly its bytes come."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(late)
+    return left
 
 
 class _BadRequest(Exception):
@@ -80,7 +87,7 @@ class RequestHandler(BaseRequestHandler):
     Errors are answered with a status line, plain-text headers and ``CODE message`` (no body to HEAD), and
     close the connection.
 
-    Deadlines (``request_timeout`` and ``keepalive_seconds`` of the server, or the defaults here): a request's
+    Deadlines (the server's ``request_timeout`` and ``keepalive_seconds``): a request's
     head must arrive whole within ``request_timeout`` of its first byte, and a response must be sent within
     ``request_timeout`` (a client that trickles one byte at a time, or reads that way, holds the connection's
     thread that long at most, not a timeout per byte); a kept connection waits ``keepalive_seconds`` for the
@@ -94,9 +101,10 @@ class RequestHandler(BaseRequestHandler):
         self._buffer = bytearray()
         self._pos = 0
         self._deadline = 0.0
-        server = self.server
-        self._timeout = float(getattr(server, "request_timeout", REQUEST_TIMEOUT))
-        self._idle = float(getattr(server, "keepalive_seconds", KEEPALIVE_SECONDS))
+        server: Any = self.server  # a gpuwatch.web.server._Server
+        self._timeout, self._idle = float(server.request_timeout), float(server.keepalive_seconds)
+        ssl = sys.modules.get("ssl")  # a TLS listener loaded it (gpuwatch.web.config.server_context)
+        self._tls = ssl is not None and isinstance(self.request, ssl.SSLSocket)
 
     def handle(self) -> None:
         wait = self._timeout  # for the first request: a client that connects sends at once
@@ -122,9 +130,7 @@ class RequestHandler(BaseRequestHandler):
         if request is None:
             return False  # the client closed the connection, or kept it idle too long, between requests
         environ, version, keep = request
-        if keep:
-            allowed = getattr(self.server, "keep_alive", None)
-            keep = allowed is None or bool(allowed())
+        keep = keep and self.server.keep_alive()  # type: ignore[attr-defined]  # a _Server's
         answer: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]],
@@ -163,22 +169,18 @@ class RequestHandler(BaseRequestHandler):
         most. Closed with bytes unread, the kernel answers with a reset, and the client may lose the answer it
         was sent (Go's server and Apache linger likewise). Not on TLS, where the end of one side is the end of
         the session."""
-        ssl = sys.modules.get("ssl")
-        if self.write_failed or (ssl is not None and isinstance(self.request, ssl.SSLSocket)):
+        if self.write_failed or self._tls:
             return
         try:
             self.request.shutdown(socket.SHUT_WR)
             deadline, total = time.monotonic() + LINGER_SECONDS, 0
             while total < LINGER_BYTES:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                self.request.settimeout(remaining)
+                self.request.settimeout(_remaining(deadline, "lingered long enough"))
                 chunk = self.request.recv(65536)
                 if not chunk:
                     return
                 total += len(chunk)
-        except OSError:  # the client went away, or kept sending past the linger: the close ends it
+        except OSError:  # the client went away, or kept sending past the linger (TimeoutError): the close ends it
             return
 
     def _unbuffered_write(self, data: bytes) -> None:  # WSGI's write(): no app of gpuwatch's calls it
@@ -186,10 +188,7 @@ class RequestHandler(BaseRequestHandler):
 
     def _fill(self, deadline: float) -> bool:
         """Receive more of the request before ``deadline`` (TimeoutError after it); False at the client's end."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the request's head did not arrive in time")
-        self.request.settimeout(remaining)
+        self.request.settimeout(_remaining(deadline, "the request's head did not arrive in time"))
         chunk = self.request.recv(65536)
         if not chunk:
             return False
@@ -292,10 +291,8 @@ class RequestHandler(BaseRequestHandler):
             if "HTTP_" + field in headers:
                 environ[field] = headers.pop("HTTP_" + field)
         environ.update(headers)
-        ssl = sys.modules.get("ssl")  # a TLS listener loaded it (gpuwatch.web.config.server_context)
-        tls = ssl is not None and isinstance(self.request, ssl.SSLSocket)
-        environ["wsgi.url_scheme"] = "https" if tls else "http"
-        if tls:
+        environ["wsgi.url_scheme"] = "https" if self._tls else "http"
+        if self._tls:
             environ["HTTPS"] = "on"
         return environ, "HTTP/1.1" if modern else "HTTP/1.0", keep
 
@@ -315,10 +312,7 @@ class RequestHandler(BaseRequestHandler):
         view = memoryview(data)
         try:
             while view:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError("the response was not taken in time")
-                self.request.settimeout(remaining)
+                self.request.settimeout(_remaining(deadline, "the response was not taken in time"))
                 view = view[self.request.send(view):]
         except OSError as exc:  # the client went away or does not read, a TLS error mid-response
             log().debug("http_connection_error", error=reason(exc))

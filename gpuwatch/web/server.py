@@ -128,9 +128,10 @@ class _Server(ThreadingMixIn, TCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._workers_lock = threading.Lock()
         self._idle = 0  # kept threads waiting on _work
-        self._connections = 0  # accepted and not closed yet
         self._refused = Repeats(_Log(), burst=1)
-        self._open: set[Any] = set()  # the connections being served (stop() ends the kept-alive ones)
+        # the connections accepted and not closed yet (after a TLS handshake, the TLS socket for the raw one):
+        # MAX_CONNECTIONS and KEEPALIVE_MAX count them, stop() ends them
+        self._open: set[Any] = set()
         self._work: SimpleQueue[tuple[Any, Any] | None] = SimpleQueue()
         super().__init__(*args, **kwargs)
 
@@ -138,9 +139,9 @@ class _Server(ThreadingMixIn, TCPServer):
         """In the accept loop: hand the connection to a kept thread that waits, else to a new one; close it
         at once when MAX_CONNECTIONS are open."""
         with self._workers_lock:
-            full = self._connections >= MAX_CONNECTIONS
+            full = len(self._open) >= MAX_CONNECTIONS
             if not full:
-                self._connections += 1
+                self._open.add(request)
         if full:
             self._refused.log("warning", "http_connections_refused", "full", max_connections=MAX_CONNECTIONS,
                               hint="more connections than gpuwatch serves at once are open to this listener: a "
@@ -157,7 +158,7 @@ class _Server(ThreadingMixIn, TCPServer):
                              daemon=True).start()
         except BaseException:  # no thread to be had: socketserver closes the connection, it is not counted
             with self._workers_lock:
-                self._connections -= 1
+                self._open.discard(request)
             raise
 
     def _worker(self, request: Any, client_address: Any) -> None:
@@ -167,7 +168,7 @@ class _Server(ThreadingMixIn, TCPServer):
                 self.process_request_thread(request, client_address)  # socketserver's: errors to handle_error
             finally:
                 with self._workers_lock:
-                    self._connections -= 1
+                    self._open.discard(request)  # a TLS one's: discarded after its session
             with self._workers_lock:
                 if self._stopping or self._idle >= KEPT_WORKERS:
                     return
@@ -189,18 +190,6 @@ class _Server(ThreadingMixIn, TCPServer):
         """Whether a connection may stay open after its response (RequestHandler asks before each)."""
         return not self._stopping and len(self._open) <= KEEPALIVE_MAX
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        """Runs in the connection's own thread: TLS handshake there, never in the accept loop."""
-        with self._workers_lock:
-            if self._stopping:
-                return
-            self._open.add(request)
-        try:
-            self._finish_request(request, client_address)
-        finally:
-            with self._workers_lock:
-                self._open.discard(request)
-
     def _wrapped(self, request: Any, connection: Any) -> bool:
         """The TLS socket stands for the raw one in ``_open`` (the raw one is detached: stop() could not end it
         through it); False when stop() came first."""
@@ -211,7 +200,10 @@ class _Server(ThreadingMixIn, TCPServer):
             self._open.add(connection)
             return True
 
-    def _finish_request(self, request: Any, client_address: Any) -> None:
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Runs in the connection's own thread: TLS handshake there, never in the accept loop."""
+        if self._stopping:
+            return
         peer = client_address[0] if isinstance(client_address, tuple) else str(client_address)
         try:
             request.settimeout(REQUEST_TIMEOUT)
