@@ -29,7 +29,7 @@ from gpuwatch.logs import get_logger
 # which gpuwatch does not use either (multiprocessing and concurrent.futures.process, 9 modules: 0.6 MB):
 # gpuwatch.deferred. The pool module's ``from concurrent.futures.process import BrokenProcessPool`` gets
 # BrokenProcessPool's base class, which its ``except`` then catches as it did (a process pool raises no other).
-# tzlocal's table of Windows zone names (a dict of 589 names) is read only where TZ names a Windows zone.
+# tzlocal's table of Windows zone names (589 of them) is read only where the TZ variable is set.
 with (deferred("importlib.metadata", answers=without_plugins()), deferred("multiprocessing"),
       deferred("concurrent.futures.process", answers={"BrokenProcessPool": concurrent.futures.BrokenExecutor}),
       deferred("tzlocal.windows_tz")):
