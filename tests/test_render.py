@@ -211,12 +211,12 @@ def test_process_metrics_match_prometheus_clients_own_encoders():
     from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-    from gpuwatch.exporter import _ProcessMetrics
+    from gpuwatch.exporter.process import ProcessMetrics
 
     def shape(text):
         return [line if line.startswith("#") else line.split(" ")[0] for line in text.splitlines()]
 
-    ours = _ProcessMetrics()
+    ours = ProcessMetrics()
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     theirs_text = generate_latest(registry).decode()
@@ -227,6 +227,95 @@ def test_process_metrics_match_prometheus_clients_own_encoders():
         assert shape(om) == shape(theirs_om) and "# TYPE process_cpu_seconds counter" in om
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["process_resident_memory_bytes"].samples[0].value > 0
+
+
+def _process_values(text):
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_process_metrics_read_what_prometheus_clients_collector_reads():
+    """The values read from the kept /proc/self/stat descriptor, /proc/self/fd and getrlimit are
+    ProcessCollector's: the same start time, limit, descriptors and address space, the CPU time between
+    two of its reads."""
+    import os
+
+    from prometheus_client import ProcessCollector
+
+    from gpuwatch.exporter.process import ProcessMetrics
+
+    ours = ProcessMetrics()
+    collector = ProcessCollector(registry=None)
+
+    def theirs():
+        return {s.name: s.value for f in collector.collect() for s in f.samples}
+
+    sum(i * i for i in range(200_000))  # some CPU time to see
+    before = theirs()
+    mine = _process_values(ours.lines(False))
+    sum(i * i for i in range(200_000))
+    after = theirs()
+    assert mine.keys() == before.keys() and len(mine) == 6
+    assert mine["process_start_time_seconds"] == before["process_start_time_seconds"]
+    assert mine["process_max_fds"] == before["process_max_fds"] == after["process_max_fds"]
+    assert mine["process_open_fds"] == before["process_open_fds"] == len(os.listdir("/proc/self/fd"))  # each listing counts its own
+    assert before["process_cpu_seconds_total"] <= mine["process_cpu_seconds_total"] <= after["process_cpu_seconds_total"]
+    assert mine["process_virtual_memory_bytes"] > 0 and mine["process_resident_memory_bytes"] > 0
+    assert abs(mine["process_resident_memory_bytes"] - before["process_resident_memory_bytes"]) < 64 << 20
+
+
+def test_process_metrics_fall_back_to_the_collector_when_proc_cannot_be_read(monkeypatch):
+    """A read of the kept descriptor that fails (or a field that is not a number) is answered by the
+    collector itself, as before: the same families, nothing lost."""
+    from gpuwatch.exporter import process
+
+    ours = process.ProcessMetrics()
+    shape = [line.split(" ")[0] for line in ours.lines(False).splitlines()]
+
+    def broken(self):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(process._Stat, "fields", broken)
+    assert [line.split(" ")[0] for line in ours.lines(False).splitlines()] == shape
+    monkeypatch.setattr(process._Stat, "fields", lambda self: [b"x"] * 52)
+    assert [line.split(" ")[0] for line in ours.lines(True).splitlines()] == \
+        [line.split(" ")[0] for line in process.ProcessMetrics().lines(True).splitlines()]
+
+
+def test_process_metrics_ask_the_collector_for_families_they_do_not_know(monkeypatch):
+    """A newer prometheus_client's collector with a family of another shape (labels) or name: the collector is
+    asked every time and each family encoded as it says."""
+    from prometheus_client import ProcessCollector
+    from prometheus_client.core import GaugeMetricFamily
+
+    from gpuwatch.exporter import process
+
+    plain = ProcessCollector.collect
+
+    def more(self):
+        extra = GaugeMetricFamily("process_network_receive_bytes", "Bytes received.", labels=["device"])
+        extra.add_metric(["eth0"], 42.0)
+        return [*plain(self), extra]
+
+    monkeypatch.setattr(ProcessCollector, "collect", more)
+    ours = process.ProcessMetrics()
+    assert ours._stat is None  # not the kept descriptor: the collector each time
+    for openmetrics in (False, True):
+        text = ours.lines(openmetrics)
+        assert 'process_network_receive_bytes{device="eth0"} 42.0' in text and "process_cpu_seconds" in text
+
+
+def test_process_metrics_close_their_descriptor_with_them():
+    import gc
+    import os
+
+    from gpuwatch.exporter.process import ProcessMetrics
+
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    ours = ProcessMetrics()
+    assert len(os.listdir("/proc/self/fd")) == before + 1
+    del ours  # no cycle through it: gone at once
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_value_spelling_is_prometheus_clients():

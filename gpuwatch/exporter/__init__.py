@@ -14,21 +14,17 @@ from gpuwatch.deferred import parts_of
 # hashlib and urllib.request: 5 MB of resident memory for code gpuwatch never runs (gpuwatch.deferred).
 parts_of("prometheus_client")
 
-from prometheus_client.metrics_core import Metric  # noqa: E402
 from prometheus_client.openmetrics.exposition import ALLOWUTF8, DOTS, UNDERSCORES, VALUES  # noqa: E402
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE  # noqa: E402
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest  # noqa: E402
-from prometheus_client.process_collector import ProcessCollector  # noqa: E402
-from prometheus_client.registry import CollectorRegistry  # noqa: E402
-from prometheus_client.utils import floatToGoString, parse_version  # noqa: E402
+from prometheus_client.utils import parse_version  # noqa: E402
 
 from gpuwatch import __version__, logs  # noqa: E402
 from gpuwatch.clock import Clock  # noqa: E402
-from gpuwatch.exporter.render import Renderer, build_labels, freshness_key, text_header  # noqa: E402
+from gpuwatch.exporter.process import OPENMETRICS_EOF, ProcessMetrics  # noqa: E402
+from gpuwatch.exporter.render import Renderer, build_labels, freshness_key  # noqa: E402
 from gpuwatch.groups.selection import Selection  # noqa: E402
 from gpuwatch.model import NodeSnapshot  # noqa: E402
 
-OPENMETRICS_EOF = "# EOF\n"
 GZIP_MIN_BYTES = 1024  # smaller bodies go uncompressed
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXT_1_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
@@ -73,57 +69,6 @@ def content_type(accept: str) -> str:
         elif _at_least_1(version):
             return f"{TEXT_1_CONTENT_TYPE}; escaping={escaping}"
     return TEXT_CONTENT_TYPE
-
-
-class _ProcessMetrics:
-    """prometheus_client's ProcessCollector (process_cpu_seconds_total, process_resident_memory_bytes,
-    ...) in either format. Its families' headers are made once (OpenMetrics: prometheus_client's own
-    encoder; text: its munging of a gauge or counter family, held equal to its encoder in
-    tests/test_render.py); after that a render formats only the values (the full encoder validates and
-    escapes every name again, a quarter of an exposition's cost)."""
-
-    def __init__(self) -> None:
-        self._collector = ProcessCollector(registry=None)
-        self._headers: dict[tuple[str, bool], str] = {}
-
-    def lines(self, openmetrics: bool) -> str:
-        out = []
-        for family in self._collector.collect():
-            if any(sample.labels or sample.timestamp is not None for sample in family.samples):
-                out.append(self._encode(family, openmetrics))  # not what ProcessCollector yields today
-                continue
-            header = self._headers.get((family.name, openmetrics))
-            if header is None:
-                header = self._headers[(family.name, openmetrics)] = self._header(family, openmetrics)
-            out.append(header)
-            out.extend(f"{sample.name} {floatToGoString(sample.value)}\n" for sample in family.samples)
-        return "".join(out)
-
-    @classmethod
-    def _header(cls, family: Metric, openmetrics: bool) -> str:
-        if openmetrics or family.type not in ("gauge", "counter"):
-            encoded = cls._encode(family, openmetrics)
-            return "".join(line + "\n" for line in encoded.splitlines() if line.startswith("#"))
-        return text_header(family.name + "_total" if family.type == "counter" else family.name, family.documentation,
-                           family.type)
-
-    @staticmethod
-    def _encode(family: Metric, openmetrics: bool) -> str:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_One(family))
-        if openmetrics:
-            return openmetrics_latest(registry).decode()[: -len(OPENMETRICS_EOF)]
-        from prometheus_client.exposition import generate_latest  # with ssl: for what ProcessCollector never yields
-
-        return generate_latest(registry).decode()
-
-
-class _One:
-    def __init__(self, family: Metric) -> None:
-        self._family = family
-
-    def collect(self) -> list[Metric]:
-        return [self._family]
 
 
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # RFC 1952: deflate, no name, no mtime, OS unknown
@@ -181,7 +126,7 @@ class Exposition:
         self._clock = clock
         self._staleness = staleness
         self._renderer = Renderer(staleness, build_labels(), selection)
-        self._process = _ProcessMetrics() if process_metrics else None
+        self._process = ProcessMetrics() if process_metrics else None
         self._lock = threading.Lock()
         self._rendered: Any = None  # the state the renderer's body is of
         self._bodies: dict[tuple[bool, bool], tuple[Any, bytes, bool]] = {}
