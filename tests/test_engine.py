@@ -193,7 +193,7 @@ def test_the_history_keeps_what_the_enabled_rules_look_back_at_not_the_whole_win
         engine.evaluate(store.snapshot())
     history = engine._history[gpu.identity.uuid]
     kept = history.times[history.start:]
-    assert clock.monotonic() - kept[0] <= 96.0 and len(history.items) <= 96 / 2 + 1 + 16  # a trim chunk
+    assert clock.monotonic() - kept[0] <= 96.0 and len(history.samples) <= 96 / 2 + 1 + 16  # a trim chunk
     engine.reconfigure(build_configs(rules, {"power_capped": {"window_seconds": 200}}))
     assert engine.history_seconds == 206.0
     engine.reconfigure(build_configs(rules, {"power_capped": {"window_seconds": 300}}))
@@ -335,5 +335,5 @@ def test_the_history_keeps_every_polls_sample_while_the_rules_run_every_4_s():
         clock.advance(0.5)
     assert len(runs) == 5  # 0, 4, 8, 12, 16 s
     uuid = backend.gpus[0].identity.uuid
-    times = [t for t, _ in agent.engine._history[uuid].items]
+    times = list(agent.engine._history[uuid].times)
     assert len(times) == 33 and all(abs(b - a - 0.5) < 1e-9 for a, b in zip(times, times[1:]))

@@ -279,12 +279,12 @@ class Engine:
                 if state.fast is not None and state.fast_monotonic is not None:
                     last = history.last_time
                     if last is None or state.fast_monotonic > last:
-                        previous = history.items[-1][1] if history.items else None
+                        previous = history.samples[-1] if history.samples else None
                         history.append(state.fast_monotonic, _for_history(state.fast, previous))
                 if state.slow is not None and state.slow_monotonic is not None:
                     last = slow.last_time
                     if last is None or state.slow_monotonic > last:
-                        previous_slow = slow.items[-1][1] if slow.items else None
+                        previous_slow = slow.samples[-1] if slow.samples else None
                         slow.append(state.slow_monotonic, _for_slow_history(state.slow, previous_slow))
             history.trim(fast_horizon)
             slow.trim(slow_horizon)

@@ -140,10 +140,10 @@ def _sample_near(window: Window, uuid: str, when: float | None) -> FastSample | 
     if when is None:
         return None
     history = window.history(uuid)
-    items, staleness = history.items, window.fast_staleness
+    times, samples, staleness = history.times, history.samples, window.fast_staleness
     best: tuple[float, FastSample] | None = None
     for i in range(history.index(window.since(window.now - when + staleness)), history.end):
-        t, sample = items[i]
+        t, sample = times[i], samples[i]
         gap = abs(t - when)
         if gap <= staleness:
             if best is None or gap < best[0]:
@@ -204,7 +204,7 @@ def _replays_increase(points: list[tuple[float, int]]) -> int:
 def _replays(history: History[SlowSample], lo: int) -> tuple[int, float, int]:
     """(readings, seconds from the first to the last, increase) of the replay counter in the slow
     samples from ``lo`` on; kept by the history until a slow sample enters or leaves them."""
-    points = [(t, s.pcie.pcie_replays) for t, s in history.items[lo:] if s.pcie.pcie_replays is not None]
+    points = [(t, s.pcie.pcie_replays) for t, s in history.between(lo) if s.pcie.pcie_replays is not None]
     if len(points) < 2:
         return len(points), 0.0, 0
     return len(points), points[-1][0] - points[0][0], _replays_increase(points)

@@ -63,7 +63,7 @@ _ANY = ("recovery_failed", "malformed_packet", "buffer_overrun", "receive", "rem
 def _increases(history: History[SlowSample], lo: int) -> tuple[int, float, dict[str, int]]:
     """(readings, seconds from the first to the last, increase per error kind) of the NVLink error
     totals in the slow samples from ``lo`` on (a counter that went back: counted from 0)."""
-    points = [(t, s.nvlink.nvlink_errors) for t, s in history.items[lo:] if s.nvlink.nvlink_errors]
+    points = [(t, s.nvlink.nvlink_errors) for t, s in history.between(lo) if s.nvlink.nvlink_errors]
     if len(points) < 2:
         return len(points), 0.0, {}
     increase: dict[str, int] = {}

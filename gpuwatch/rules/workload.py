@@ -73,7 +73,7 @@ def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observ
     history = window.history(uuid)
     lo = history.index(window.since(config["window_seconds"]))
     busiest: dict[int, float] = {}
-    for _, sample in history.items[lo:history.end]:
+    for sample in history.samples[lo:history.end]:
         for r in sample.mig:
             if r.sm_active_ratio is not None:
                 busiest[r.gpu_instance] = max(busiest.get(r.gpu_instance, 0.0), r.sm_active_ratio)
