@@ -238,27 +238,41 @@ def test_process_metrics_read_what_prometheus_clients_collector_reads():
     ProcessCollector's: the same start time, limit, descriptors and address space, the CPU time between
     two of its reads."""
     import os
+    import time
 
     from prometheus_client import ProcessCollector
 
     from gpuwatch.exporter.process import ProcessMetrics
 
     ours = ProcessMetrics()
+    assert ours._stat is not None  # Linux: the kept descriptor, not the collector
+
+    def unused():
+        raise AssertionError("the collector asked after the start")
+
+    ours._collector.collect = unused  # type: ignore[method-assign]
     collector = ProcessCollector(registry=None)
 
     def theirs():
         return {s.name: s.value for f in collector.collect() for s in f.samples}
 
-    sum(i * i for i in range(200_000))  # some CPU time to see
+    def spend(seconds):  # CPU time to see (10 ms ticks)
+        start = time.process_time()
+        while time.process_time() - start < seconds:
+            pass
+
+    spend(0.03)
     before = theirs()
     mine = _process_values(ours.lines(False))
-    sum(i * i for i in range(200_000))
+    spend(0.03)
     after = theirs()
+    again = _process_values(ours.lines(False))  # the same descriptor read again: the file made anew
     assert mine.keys() == before.keys() and len(mine) == 6
     assert mine["process_start_time_seconds"] == before["process_start_time_seconds"]
     assert mine["process_max_fds"] == before["process_max_fds"] == after["process_max_fds"]
     assert mine["process_open_fds"] == before["process_open_fds"] == len(os.listdir("/proc/self/fd"))  # each listing counts its own
     assert before["process_cpu_seconds_total"] <= mine["process_cpu_seconds_total"] <= after["process_cpu_seconds_total"]
+    assert mine["process_cpu_seconds_total"] < again["process_cpu_seconds_total"]
     assert mine["process_virtual_memory_bytes"] > 0 and mine["process_resident_memory_bytes"] > 0
     assert abs(mine["process_resident_memory_bytes"] - before["process_resident_memory_bytes"]) < 64 << 20
 
@@ -269,16 +283,21 @@ def test_process_metrics_fall_back_to_the_collector_when_proc_cannot_be_read(mon
     from gpuwatch.exporter import process
 
     ours = process.ProcessMetrics()
+    assert ours._stat is not None
+    asked = []
+    collect = ours._collector.collect
+    ours._collector.collect = lambda: asked.append(1) or collect()  # type: ignore[method-assign]
     shape = [line.split(" ")[0] for line in ours.lines(False).splitlines()]
+    assert not asked and len(shape) == 18  # six families: HELP, TYPE, the sample
 
     def broken(self):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(process._Stat, "fields", broken)
-    assert [line.split(" ")[0] for line in ours.lines(False).splitlines()] == shape
+    assert [line.split(" ")[0] for line in ours.lines(False).splitlines()] == shape and len(asked) == 1
     monkeypatch.setattr(process._Stat, "fields", lambda self: [b"x"] * 52)
     assert [line.split(" ")[0] for line in ours.lines(True).splitlines()] == \
-        [line.split(" ")[0] for line in process.ProcessMetrics().lines(True).splitlines()]
+        [line.split(" ")[0] for line in process.ProcessMetrics().lines(True).splitlines()] and len(asked) == 2
 
 
 def test_process_metrics_ask_the_collector_for_families_they_do_not_know(monkeypatch):

@@ -2,11 +2,11 @@
 ProcessCollector names, documents and values them, read for a fraction of its cost.
 
 ProcessCollector opens /proc/self/stat and /proc/self/limits, lists /proc/self/fd and builds six
-Metric objects, each name validated, at every collect: 0.31 ms of CPU a scrape on the bench's VM when
-the thread was asleep before (0.03 ms back to back), a fifth of what a scrape over a kept connection
-costs. Here the collector runs once, at start, for its families' names, help, types and the process's
-start time; after that a read is one ``pread`` of /proc/self/stat on a descriptor kept open, the
-listing of /proc/self/fd and ``getrlimit`` (what /proc/self/limits shows): 0.16 ms asleep before.
+Metric objects, each name validated, at every collect. Here the collector runs once, at start, for its
+families' names, help, types and the process's start time; after that a read is one ``pread`` of
+/proc/self/stat on a descriptor kept open, the listing of /proc/self/fd and ``getrlimit`` (what
+/proc/self/limits shows): the process_* lines of a scrape cost 0.25 ms of CPU instead of 0.36 on the bench's
+VM when the thread was asleep before, 0.012 instead of 0.037 back to back.
 Where the collector yields something else (labels, timestamps, a family this module does not know:
 a newer prometheus_client) or /proc cannot be read, the collector itself is asked every time, as before.
 """
@@ -88,7 +88,7 @@ class ProcessMetrics:
             "process_virtual_memory_bytes": lambda f: float(f[20]),
             "process_resident_memory_bytes": lambda f: float(f[21]) * page,
             "process_start_time_seconds": lambda f: start,  # the process's: read once
-            "process_cpu_seconds_total": lambda f: (float(f[11]) + float(f[12])) / ticks,
+            "process_cpu_seconds_total": lambda f: float(f[11]) / ticks + float(f[12]) / ticks,  # its rounding
             "process_open_fds": lambda f: float(len(os.listdir("/proc/self/fd"))),
             "process_max_fds": lambda f: float(resource.getrlimit(resource.RLIMIT_NOFILE)[0]),
         }

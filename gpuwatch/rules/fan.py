@@ -76,7 +76,7 @@ def _fan_not_tracking(window: Window, uuid: str, config: RuleConfig) -> Observat
     fast = window.fast(uuid)
     if fast is None or not fast.fans:
         return None
-    history = [sample for _, sample in window.series(uuid, config["window_seconds"])]
+    history = window.samples(uuid, config["window_seconds"])
     result: Observation | None = None
     for fan in fast.fans:
         if fan.speed_ratio is None or fan.target_speed_ratio is None:

@@ -24,7 +24,7 @@ class History(Generic[T]):
     """One GPU's samples in time order, oldest first, as the engine keeps them (one append per poll).
 
     ``samples`` holds the samples and ``times`` their monotonic times (an array of doubles: a list of
-    (time, sample) pairs held a tuple and a float object per sample, 88 bytes where this holds 16: 0.8 MB at
+    (time, sample) pairs held a tuple and a float object per sample, 96 bytes where this holds 16: 0.8 MB at
     64 GPUs), valid from index ``start`` to ``end`` (older entries are dropped in chunks, so indices change
     only then).
     Looking back bisects ``times`` instead of walking the samples. What a rule derives from the
@@ -112,6 +112,10 @@ class History(Generic[T]):
     def pairs(self, since: float | None = None) -> list[tuple[float, T]]:
         """(time, sample) from ``since`` on, oldest first: a copy of that part only."""
         return self.between(self.index(since))
+
+    def tail(self, since: float | None = None) -> list[T]:
+        """The samples from ``since`` on, oldest first: a copy of that part only."""
+        return self.samples[self.index(since):]
 
     def between(self, lo: int, end: int | None = None) -> list[tuple[float, T]]:
         """(time, sample) of the samples at indices ``lo`` up to ``end`` (the newest: None), oldest first."""

@@ -179,6 +179,10 @@ class Window:
         """
         return self.history(uuid).pairs(self.since(seconds))
 
+    def samples(self, uuid: str, seconds: float | None = None) -> list[FastSample]:
+        """The GPU's fast samples over the last ``seconds`` (all kept if None), oldest first, without their times."""
+        return self.history(uuid).tail(self.since(seconds))
+
     def slow_series(self, uuid: str, seconds: float | None = None) -> list[tuple[float, SlowSample]]:
         """(monotonic time, slow sample) of the GPU over the last ``seconds``, oldest first."""
         return self.slow_history(uuid).pairs(self.since(seconds))
