@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwatch.attribution import POD_UID
-from gpuwatch.hostside.hostile import Report, finite, natural, shown
+from gpuwatch.hostside.hostile import SPACE, Report, finite, natural, shown
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN: char 195:N; 255 is /dev/nvidiactl, 254 /dev/nvidia-modeset
 _GPU_MINORS = range(0, 254)
@@ -226,11 +226,11 @@ def count_cpu_list(text: str, bad: list[str] | None = None) -> int:
     """CPUs in a kernel CPU list, e.g. "0-15,32-47" -> 32 (malformed parts count nothing; CPU numbers
     beyond what a kernel can have are malformed, and so is a range that runs backwards; at most MAX_CPUS)."""
     total = 0
-    for part in text.strip().split(","):
-        lo_text, sep, hi_text = part.strip().partition("-")
+    for part in text.strip(SPACE).split(","):
+        lo_text, sep, hi_text = part.strip(SPACE).partition("-")
         lo, hi = natural(lo_text, MAX_CPUS), natural(hi_text, MAX_CPUS) if sep else None
         if lo is None or (sep and hi is None) or (hi is not None and hi < lo):
-            if bad is not None and part.strip():
+            if bad is not None and part.strip(SPACE):
                 bad.append(part)
             continue
         if hi is None:

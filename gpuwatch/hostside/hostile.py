@@ -17,6 +17,9 @@ from typing import Any
 from gpuwatch.logs import Repeats, get_logger
 
 ERROR = "malformed_input"
+# The kernel's whitespace: ASCII. str.strip() also strips \x1c-\x1f, \x85 and Unicode spaces, which would make
+# "0\x1f" a CPU: strip(SPACE) leaves them, and the value is bad.
+SPACE = " \t\n\r\f\v"
 WARN_EVERY = 3600.0  # seconds: one warning per source in this interval, then one summary line
 _MAX_SHOWN = 80  # characters of the bad text the warning shows
 
