@@ -76,9 +76,17 @@ def test_natural_is_a_bounded_whole_number_or_none(text, maximum):
 
 @FAST
 @given(st.one_of(NUMBERS, st.text(max_size=30), st.floats(allow_nan=True).map(repr)))
+@example("\u0661\u0662")
+@example("1_000")
+@example("3\xa0")
+@example("1\x1f")
 def test_finite_is_a_bounded_finite_number_or_none(text):
     value = finite(text, 1e19)
     assert value is None or (math.isfinite(value) and 0 <= value <= 1e19)
+    if value is not None:  # what the kernel writes: ASCII, its own whitespace around, no underscore
+        assert text.isascii() and "_" not in text and not any("\x1c" <= c <= "\x1f" for c in text)
+    if re.fullmatch(r"[0-9]{1,15}(\.[0-9]{1,6})?", text):
+        assert value == float(text)
 
 
 # -- devices.list -----------------------------------------------------------------------------------------

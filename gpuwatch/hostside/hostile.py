@@ -35,8 +35,10 @@ def natural(text: str, maximum: int) -> int | None:
 
 def finite(text: str, maximum: float) -> float | None:
     """``text`` as a number 0..maximum (``1e3`` and fractions allowed); None for NaN, an infinity, a
-    negative, more than ``maximum`` or no number at all."""
-    if len(text) > 64:
+    negative, more than ``maximum`` or no number at all, and for what float() takes that no kernel writes: a
+    Unicode digit (``"١٢"``), an underscore (``"1_000"``), a Unicode or control-character space (``"3\xa0"``,
+    ``"1\x1f"``)."""
+    if len(text) > 64 or not text.isascii() or "_" in text or text.strip(SPACE) != text.strip():
         return None
     try:
         value = float(text)
