@@ -229,6 +229,8 @@ def test_another_power_meter_s_oem_text_is_not_a_grace_sensor(tmp_path, capsys):
     (dict(average=-5_000_000), "out of range"),
     (dict(average=10**30), "out of range"),
     (dict(average=b""), "not a number"),
+    (dict(average=b"1_000"), "not a number"),  # int() takes it; the kernel never writes it
+    (dict(average=b"12\x1f"), "not a number"),
     (dict(average=b"9" * 5000), "out of range"),  # a runaway file: only its first bytes are read
     (dict(), "missing or unreadable"),
     (dict(raw_name=b"CPU Power Socket \xff0\n", average=1), "not UTF-8 text"),

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuwatch.groups.grace import GraceSensor
+from gpuwatch.hostside.hostile import SPACE, natural
 from gpuwatch.logs import get_logger
 
 _NAME = re.compile(r"(CPU|SysIO|Module|Grace) Power Socket (\d{1,3})")
@@ -93,13 +94,15 @@ class GraceHwmon:
             self._bad(path, "missing or unreadable")
             return None
         try:
-            value = int(raw.decode("ascii").strip())
-        except (UnicodeDecodeError, ValueError):
+            text = raw.decode("ascii").strip(SPACE)
+        except UnicodeDecodeError:
+            text = ""
+        if not text.removeprefix("-").isdigit():  # ASCII digits: not int()'s "1_000" or its control-character spaces
             self._bad(path, "not a number")
             return None
-        if not 0 <= value <= _MAX_MICROWATTS:
+        value = natural(text, _MAX_MICROWATTS)
+        if value is None:
             self._bad(path, "out of range")
-            return None
         return value
 
     def _bad(self, path: Path, why: str) -> None:
