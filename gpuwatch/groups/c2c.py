@@ -60,7 +60,8 @@ class Nvml:
         self.links = tuple(link for link in links if (_STATUS, link) in states)
         for link in self.links:
             dev.field((_STATUS, link), "slow")
-        self.at_discovery = {str(link): states[(_STATUS, link)] == 1 for link in self.links}
+        self.names = {link: str(link) for link in self.links}  # the label values, made once (not a string a poll)
+        self.at_discovery = {self.names[link]: states[(_STATUS, link)] == 1 for link in self.links}
         on = bool(self.links)
         answered = dev.values([(fid, link) for link in self.links for fid in (_MAX_BW, _POWER_STATE)]) if on else {}
         self.bandwidth = tuple(link for link in self.links
@@ -93,17 +94,17 @@ class Nvml:
         for link in self.links:
             state = q.field((_STATUS, link))
             if state is not None:
-                up[str(link)] = state == 1
+                up[self.names[link]] = state == 1
         low = {}
         for link in self.power_state:
             state = q.field((_POWER_STATE, link))
             if state is not None:
-                low[str(link)] = state == _LOW_POWER
+                low[self.names[link]] = state == _LOW_POWER
         bandwidth = {}
         for link in self.bandwidth:
             mbps = q.field((_MAX_BW, link))
-            if mbps is not None and up.get(str(link)):  # "for active links": an inactive one's is meaningless
-                bandwidth[str(link)] = float(mbps) * 1e6
+            if mbps is not None and up.get(self.names[link]):  # "for active links": an inactive one's is meaningless
+                bandwidth[self.names[link]] = float(mbps) * 1e6
         errors = {}
         for name, fid in self.errors:
             value = whole(q.field(fid))
