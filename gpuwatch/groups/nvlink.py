@@ -102,9 +102,9 @@ class Nvml:
         self.links = tuple(link for link in links if states.get((_STATE, link)) in _STATES)
         for link in self.links:
             dev.field((_STATE, link), "slow")
-        self.names = tuple(str(link) for link in self.links)  # the label values, made once (not a string a poll)
-        self.at_discovery = {name: states[(_STATE, link)] != _INACTIVE for name, link in zip(self.names, self.links)}
-        self.remote = {name: text for name, link in zip(self.names, self.links) if (text := _remote(dev, link))}
+        self.names = {link: str(link) for link in self.links}  # the label values, made once (not a string a poll)
+        self.at_discovery = {self.names[link]: states[(_STATE, link)] != _INACTIVE for link in self.links}
+        self.remote = {self.names[link]: text for link in self.links if (text := _remote(dev, link))}
         on = bool(self.links)
         self.generation = 5 if on and _nvlink5(dev) else None
         self.per_link = on and bool(dev.option("per-link"))
@@ -128,7 +128,7 @@ class Nvml:
             per_link_fields = _LINK_ERRORS
         if self.per_link:
             answered = dev.values([(fid, link) for link in self.links for fid in per_link_fields.values()])
-            self.link_errors = tuple((label, name, (fid, link)) for label, link in zip(self.names, self.links)
+            self.link_errors = tuple((self.names[link], name, (fid, link)) for link in self.links
                                      for name, fid in per_link_fields.items()
                                      if (fid, link) in answered and dev.field((fid, link), "slow"))
         traffic = dev.values([(fid, ALL_LINKS) for fid in _TRAFFIC.values()]) if on else {}
@@ -178,10 +178,10 @@ class Nvml:
         if not self.links:
             return NvLink()
         up = {}
-        for name, link in zip(self.names, self.links):
+        for link in self.links:
             state = q.field((_STATE, link))
             if state in _STATES:
-                up[name] = state != _INACTIVE
+                up[self.names[link]] = state != _INACTIVE
         errors = {}
         for name, keys in self.errors:
             counts = [c for key in keys if (c := whole(q.field(key))) is not None]

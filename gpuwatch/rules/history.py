@@ -117,9 +117,9 @@ class History(Generic[T]):
         """The samples from ``since`` on, oldest first: a copy of that part only."""
         return self.samples[self.index(since):]
 
-    def between(self, lo: int, end: int | None = None) -> list[tuple[float, T]]:
-        """(time, sample) of the samples at indices ``lo`` up to ``end`` (the newest: None), oldest first."""
-        return list(zip(self.times[lo:end], self.samples[lo:end]))
+    def between(self, lo: int) -> list[tuple[float, T]]:
+        """(time, sample) of the samples from index ``lo`` on, oldest first."""
+        return list(zip(self.times[lo:], self.samples[lo:]))
 
     def pair(self, i: int) -> tuple[float, T]:
         """(time, sample) of the sample at index ``i``."""
