@@ -138,7 +138,7 @@ class Agent:
         self.http: HttpServers | None = None
 
     def remember_samples(self) -> None:
-        self.engine.remember(self.store.snapshot())
+        self.engine.remember_states(*self.store.gpu_states())
 
     def evaluate_rules(self) -> None:
         anomalies = self.engine.evaluate(self.store.snapshot(), self.clock.monotonic(), self.clock.wall())

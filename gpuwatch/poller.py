@@ -219,9 +219,8 @@ class Poller:
         read = self._backend.read_fast if tier == "fast" else self._backend.read_slow
         # group -> [seconds, every GPU read it without an error] (gpuwatch_collector_*)
         stats: dict[str, list[Any]] = {name: [0.0, True] for name in self._tier_groups[tier]}
-        # one snapshot per poll (not one per GPU): the identities of the GPUs to read, in index order
-        identities = {g.identity.uuid: g.identity for g in self._store.snapshot().gpus if g.visible}
-        for uuid, identity in identities.items():
+        for identity in self._store.visible_identities():  # in index order
+            uuid = identity.uuid
             try:
                 sample = read(uuid)
             except DeviceLost as exc:

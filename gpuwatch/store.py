@@ -17,6 +17,7 @@ from gpuwatch.model import (
     DiscoveredGpu,
     DriverInfo,
     FastSample,
+    GpuIdentity,
     GpuState,
     HostSample,
     NodeInfo,
@@ -40,6 +41,10 @@ class Store:
         self._backend_reason: str | None = "not started"
         self._driver: DriverInfo | None = None
         self._gpus: dict[str, GpuState] = {}
+        # the GPUs' uuids in index order, and the identities of the visible ones: they change only with a
+        # discovery (set_gpus), while a poll replaces each GPU's state (no sort per snapshot or poll)
+        self._order: tuple[str, ...] = ()
+        self._visible_identities: tuple[GpuIdentity, ...] = ()
         self._visible = 0
         self._tiers: dict[str, TierState] = {t: TierState() for t in TIERS}
         self._errors: dict[str, Counter[str]] = {t: Counter() for t in TIERS}
@@ -89,6 +94,9 @@ class Store:
                 if uuid not in seen and state.visible:
                     self._gpus[uuid] = dataclasses.replace(state, up=False, visible=False)
             self._visible = len(seen)
+            ordered = sorted(self._gpus.values(), key=lambda s: (s.identity.index, s.identity.uuid))
+            self._order = tuple(state.identity.uuid for state in ordered)
+            self._visible_identities = tuple(state.identity for state in ordered if state.visible)
             self._changed()
 
     def put_fast(self, uuid: str, sample: FastSample) -> None:
@@ -193,8 +201,21 @@ class Store:
             self._changed()
 
     # -- readers -----------------------------------------------------------------------------
-    def _sorted(self) -> list[GpuState]:
-        return sorted(self._gpus.values(), key=lambda s: (s.identity.index, s.identity.uuid))
+    def _sorted(self) -> tuple[GpuState, ...]:
+        gpus = self._gpus
+        return tuple(gpus[uuid] for uuid in self._order)
+
+    def visible_identities(self) -> tuple[GpuIdentity, ...]:
+        """The identities of the GPUs of the last discovery, in index order: what a poll reads (without
+        building a snapshot, which each poll's writes make stale)."""
+        with self._lock:
+            return self._visible_identities
+
+    def gpu_states(self) -> tuple[tuple[GpuState, ...], float, int]:
+        """(every GPU's state in index order, the monotonic time now, visible GPUs): what the rules' history
+        takes after each poll, without building a snapshot."""
+        with self._lock:
+            return self._sorted(), self._clock.monotonic(), self._visible
 
     def snapshot(self) -> NodeSnapshot:
         with self._lock:
@@ -205,7 +226,7 @@ class Store:
                     backend_up=self._backend_up,
                     backend_reason=self._backend_reason,
                     driver=self._driver,
-                    gpus=tuple(self._sorted()),
+                    gpus=self._sorted(),
                     tiers=dict(self._tiers),
                     visible_gpus=self._visible,
                     taken_monotonic=self._clock.monotonic(),

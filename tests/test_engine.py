@@ -337,3 +337,34 @@ def test_the_history_keeps_every_polls_sample_while_the_rules_run_every_4_s():
     uuid = backend.gpus[0].identity.uuid
     times = list(agent.engine._history[uuid].times)
     assert len(times) == 33 and all(abs(b - a - 0.5) < 1e-9 for a, b in zip(times, times[1:]))
+
+
+def test_a_fast_poll_that_does_not_run_the_rules_builds_no_snapshot(monkeypatch):
+    """Each write of a poll makes the store's snapshot stale: the poll reads the GPUs to poll and the rules'
+    history takes its samples from the store's states, not from a snapshot built for them (two a poll
+    before). The history still gets every poll's sample."""
+    import dataclasses
+
+    from gpuwatch import store as store_module
+    from gpuwatch.agent import Agent
+    from gpuwatch.config import Config
+    from gpuwatch.testing import ScriptedBackend
+
+    clock = FakeClock()
+    backend = ScriptedBackend(gpus=2)
+    agent = Agent(dataclasses.replace(Config(), poll_interval=1.0), clock=clock, backend=backend)
+    clock.advance(4)
+    agent.poller.poll_fast()  # the first: the slow tier too, and the rules (then 3.5 s on: RULES_EVERY_SECONDS)
+    built = []
+    real = store_module.NodeSnapshot
+    monkeypatch.setattr(store_module, "NodeSnapshot", lambda **kw: built.append(1) or real(**kw))
+    uuid = backend.gpus[0].identity.uuid
+    before = len(agent.engine._history[uuid])
+    for _ in range(3):
+        clock.advance(1)
+        agent.poller.poll_fast()
+    assert built == []
+    assert len(agent.engine._history[uuid]) == before + 3
+    clock.advance(4)
+    agent.poller.poll_fast()  # the rules run: they see a snapshot
+    assert built and len(agent.engine._history[uuid]) == before + 4

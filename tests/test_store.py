@@ -45,3 +45,31 @@ def test_put_fast_carries_every_field_it_does_not_set_whatever_fields_gpustate_h
     set_here = {"up": True, "fast": sample, "fast_monotonic": clock.monotonic()}
     for name, marker in markers.items():
         assert getattr(new, name) is set_here.get(name, marker), name
+
+
+def test_visible_identities_and_states_follow_the_discoveries_in_index_order():
+    """What a poll reads and what the rules' history takes come without a snapshot: the GPUs of the last
+    discovery in index order (a discovery lists them in any order), a GPU gone from a discovery left out
+    of the polls but kept, down, among the states; a new index moves a GPU."""
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    gpus = [DiscoveredGpu(identity(i), H200_FEATURES) for i in (2, 0, 1)]
+    store.set_gpus(gpus)
+    assert [i.index for i in store.visible_identities()] == [0, 1, 2]
+    states, taken, visible = store.gpu_states()
+    assert states == store.snapshot().gpus and taken == clock.monotonic() and visible == 3
+    store.set_gpus(gpus[1:])  # GPU 2 is gone
+    assert [i.index for i in store.visible_identities()] == [0, 1]
+    states, _, visible = store.gpu_states()
+    assert [(s.identity.index, s.visible, s.up) for s in states] == [(0, True, True), (1, True, True),
+                                                                     (2, False, False)]
+    assert visible == 2 and states == store.snapshot().gpus
+    moved = DiscoveredGpu(dataclasses.replace(gpus[1].identity, index=5), H200_FEATURES)  # GPU 0 is now 5
+    store.set_gpus([moved, gpus[2]])
+    assert [(i.index, i.uuid) for i in store.visible_identities()] == [(1, gpus[2].identity.uuid),
+                                                                      (5, gpus[1].identity.uuid)]
+    assert [s.identity.index for s in store.snapshot().gpus] == [1, 2, 5]
+    clock.advance(3.0)
+    store.put_fast(gpus[2].identity.uuid, fast_sample(temperature_celsius=50.0))
+    states, taken, _ = store.gpu_states()
+    assert states[0].fast.thermal.temperature_celsius == 50.0 and taken == clock.monotonic()

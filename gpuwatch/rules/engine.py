@@ -263,10 +263,10 @@ class Engine:
             enabled = [rule.id for rule in self._rules if self._configs[rule.id].enabled]
             return ({r: self._onsets.get(r, 0) for r in enabled}, {r: self._errors.get(r, 0) for r in enabled})
 
-    def _remember(self, snap: NodeSnapshot) -> None:
-        fast_horizon = snap.taken_monotonic - self._fast_seconds
-        slow_horizon = snap.taken_monotonic - self._slow_seconds
-        for state in snap.gpus:
+    def _remember(self, gpus: Sequence[GpuState], taken: float, visible: int) -> None:
+        fast_horizon = taken - self._fast_seconds
+        slow_horizon = taken - self._slow_seconds
+        for state in gpus:
             uuid = state.identity.uuid
             history = self._history.get(uuid)
             if history is None:
@@ -288,14 +288,19 @@ class Engine:
                         slow.append(state.slow_monotonic, _for_slow_history(state.slow, previous_slow))
             history.trim(fast_horizon)
             slow.trim(slow_horizon)
-        self._most_gpus = max(self._most_gpus, snap.visible_gpus)
+        self._most_gpus = max(self._most_gpus, visible)
 
     def remember(self, snap: NodeSnapshot) -> None:
         """Keep the snapshot's new samples in the history without evaluating: after each fast poll that does
         not run the rules, so the windows the rules look back at have every poll's sample (shares, medians,
         the fast sample nearest a slow read), as if the rules ran after every poll."""
+        self.remember_states(snap.gpus, snap.taken_monotonic, snap.visible_gpus)
+
+    def remember_states(self, gpus: Sequence[GpuState], taken: float, visible: int) -> None:
+        """``remember`` from the GPUs' states (Store.gpu_states) taken at monotonic time ``taken``, with
+        ``visible`` GPUs: the poller's way, without building a snapshot that the next write makes stale."""
         with self._lock:
-            self._remember(snap)
+            self._remember(gpus, taken, visible)
 
     def evaluate(self, snap: NodeSnapshot, now: float | None = None, wall: float | None = None) -> tuple[Anomaly, ...]:
         """Feed the latest snapshot; returns the state of every evaluated (rule, GPU).
@@ -308,7 +313,7 @@ class Engine:
                                   snap.taken_wall if wall is None else wall)
 
     def _evaluate(self, snap: NodeSnapshot, now: float, wall: float) -> tuple[Anomaly, ...]:
-        self._remember(snap)
+        self._remember(snap.gpus, snap.taken_monotonic, snap.visible_gpus)
         node = Window(snap, self._history, self._fast_staleness, self._expected_gpus or self._most_gpus, now,
                       self._slow_history, self._slow_staleness)
         gpus = snap.gpus
