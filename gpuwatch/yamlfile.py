@@ -8,6 +8,8 @@ file, says where (line and column) and what to do; it never ends in a traceback:
 - it is not YAML, or nests deeper than any configuration needs: where the parser gave up;
 - a key is given twice in one mapping (YAML would keep the last silently; exporter-toolkit's
   strict YAML refuses it, and so does gpuwatch);
+- it holds a whole number of 2**63 or more (more than 4300 digits: Python refuses even to read it), or a
+  date that is not one (``2026-13-45``);
 - it holds more than 100,000 values once its aliases are expanded (a "billion laughs" of aliases
   to aliases: everything that walks, prints or validates the document would take hours).
 """
@@ -59,11 +61,21 @@ def _not_utf8(raw: bytes, exc: UnicodeDecodeError) -> str:
 
 
 MAX_VALUES = 100_000  # a configuration has a few hundred at most
+LARGEST = 2**63  # whole numbers at or beyond it are refused: no setting needs them, and float() or str() fails on some
+
+
+def whole_number(value: int) -> str:
+    """"a whole number of 400 digits": how a message names a number too long to show."""
+    try:
+        return f"a whole number of {len(str(abs(value)))} digits"
+    except ValueError:  # more than 4300 digits: Python refuses to spell it
+        return "a whole number of more than 4300 digits"
 
 
 def _check_size(document: Any, where: str) -> None:
-    """ConfigError when the document, its aliases expanded, holds more than MAX_VALUES values; the walk
-    stops there, so an alias bomb costs MAX_VALUES steps, not its expansion."""
+    """ConfigError when the document, its aliases expanded, holds more than MAX_VALUES values (the walk
+    stops there, so an alias bomb costs MAX_VALUES steps, not its expansion) or a whole number beyond
+    LARGEST either way (float() of a 400-digit one overflows, str() of a 5000-digit one is refused)."""
     stack, seen = [document], 0
     while stack:
         value = stack.pop()
@@ -71,6 +83,9 @@ def _check_size(document: Any, where: str) -> None:
         if seen > MAX_VALUES:
             raise ConfigError(f"{where} holds more than {MAX_VALUES} values once its aliases are expanded: "
                               "no configuration needs that (aliases that repeat aliases?)")
+        if isinstance(value, int) and not -LARGEST < value < LARGEST:
+            raise ConfigError(f"{where} holds {whole_number(value)}: no setting is that large (the largest is "
+                              "below 2**63)")
         if isinstance(value, dict):
             stack.extend(value.keys())
             stack.extend(value.values())
@@ -97,6 +112,10 @@ def parse_yaml(raw: bytes | str, where: str) -> Any:
         raise ConfigError(f"{where} is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
     except RecursionError:
         raise ConfigError(f"{where} nests too deeply to be a configuration file") from None
+    except ValueError as exc:  # PyYAML's int() of more than 4300 digits, a date such as 2026-13-45
+        what = ("a whole number of more than 4300 digits: no setting is that large"
+                if "integer string conversion" in str(exc) else f"a value that is not what it looks like: {exc}")
+        raise ConfigError(f"{where} holds {what}") from None
     _check_size(document, where)
     return document
 

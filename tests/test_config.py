@@ -45,7 +45,19 @@ def test_listen_address_is_repeatable_and_comma_separated_in_env():
     ("argv", "message"),
     [
         (["--poll.interval", "0"], "poll.interval: must be a positive number"),
-        (["--poll.interval", "nan"], "poll.interval: must be a positive number"),
+        (["--poll.interval", "nan"], "poll.interval: expected a number of seconds, got 'nan'"),
+        # what float() and int() take and no one means: underscores, other scripts' digits, Unicode spaces
+        (["--poll.interval", "1_0"], "poll.interval: expected a number of seconds, got '1_0'"),
+        (["--poll.interval", "\u0662"], "poll.interval: expected a number of seconds"),
+        (["--sim.gpus", "\uff14"], "sim.gpus: expected a whole number"),
+        (["--rules.expected-gpus", "8\u3000"], "rules.expected-gpus: expected a whole number"),
+        (["--web.max-requests", "1_0"], "web.max-requests: expected a whole number"),
+        (["--web.listen-address", ":1_9400"], "port '1_9400' is not a number"),
+        (["--web.listen-address", ":\u0661\u0669\u0664\u0660\u0660"], "is not a number"),
+        (["--web.listen-address", ":+80"], "port '\\+80' is not a number"),
+        (["--sim.fault", "load@\u0663:utilization=0.9"], "sim.fault: .* is not KIND"),
+        (["--sim.gpus", "9" * 5000], "sim.gpus: expected a whole number, got '9999"),
+        (["--check.password-file", "/etc/a\0b"], "check.password-file: .* is not a file name"),
         (["--poll.interval", "10", "--poll.slow-interval", "5"], "must not be shorter than"),
         (["--web.listen-address", "19400"], "is not HOST:PORT"),
         (["--web.listen-address", "::1:19400"], "brackets"),
@@ -58,6 +70,37 @@ def test_listen_address_is_repeatable_and_comma_separated_in_env():
 def test_bad_values_are_refused_with_a_clear_message(argv, message):
     with pytest.raises(ConfigError, match=message):
         config.load(parse(argv), environ={})
+
+
+def test_numbers_are_read_as_people_type_them_in_ascii():
+    loaded = config.load(parse(["--poll.interval", " 1.5\t", "--sim.gpus", "+16", "--web.listen-address", ":9400",
+                                "--poll.slow-interval", "1e1", "--rules.expected-gpus", "8"]), environ={})
+    assert (loaded.poll_interval, loaded.sim_gpus, loaded.poll_slow_interval, loaded.rules_expected_gpus) == (
+        1.5, 16, 10.0, 8)
+    assert config.parse_listen_address("[::1]:19400") == ("::1", 19400)
+    assert config.parse_duration("d", "1h30m") == 5400 and config.parse_duration("d", " 90 ") == 90
+    for bad in ("\u0661\u0660s", "1_0s", "1e400", "10**3", "", True):
+        with pytest.raises(ConfigError, match="d: "):
+            config.parse_duration("d", bad)
+
+
+@pytest.mark.parametrize("text,words", [
+    ("poll: {interval: " + "9" * 5000 + "}\n", "more than 4300 digits"),
+    ("poll: {interval: 0x" + "f" * 5000 + "}\n", "more than 4300 digits"),
+    ("poll: {interval: " + "9" * 400 + "}\n", "a whole number of 400 digits"),
+    ("rules: {overheating: {hold: " + "9" * 400 + "}}\n", "a whole number of 400 digits"),
+    ("node: {rack: " + "9" * 30 + "}\n", "a whole number of 30 digits"),
+    ("node: {rack: 2026-13-45}\n", "month must be in 1..12"),
+    ("poll: {interval: true}\n", "poll.interval: expected a number of seconds, got True"),
+    ('web: {config: {file: "/etc/a\\0b"}}\n', "web.config.file: .* is not a file name"),
+])
+def test_yaml_values_no_reader_can_take_are_config_errors(tmp_path, text, words):
+    """A number beyond any setting (float() of a 400-digit one overflowed, str() of a 5000-digit one raised),
+    a date that is no date, a NUL in a file name: each a ConfigError naming the file or the setting."""
+    path = tmp_path / "gpuwatch.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        config.load(environ={"GPUWATCH_CONFIG": str(path)})
 
 
 def test_unknown_yaml_key_is_an_error_naming_the_key(tmp_path):

@@ -263,6 +263,15 @@ INVALID = [
     ("newer key", "rate_limit: {interval: 1s, burst: 10}\n", ["rate_limit", "--web.max-requests"], True),
     ("non-bcrypt password", "basic_auth_users: {alice: hunter2}\n",
      ["basic_auth_users.alice", "not a bcrypt hash", "htpasswd"], True),
+    ("bcrypt cost in Arabic-Indic digits", "basic_auth_users: {alice: '$2b$\u0660\u0664$"
+     "QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi'}\n", ["basic_auth_users.alice", "not a bcrypt hash"],
+     True),
+    ("a 5000-digit number", "http_server_config: {headers: {X-Frame-Options: " + "9" * 5000 + "}}\n",
+     ["more than 4300 digits"], True),
+    ("a 400-digit number", "http_server_config: {headers: {X-Frame-Options: " + "9" * 400 + "}}\n",
+     ["a whole number of 400 digits"], True),
+    ("NUL in cert_file", "tls_server_config: {cert_file: \"{pki}/server\\0.crt\", key_file: {pki}/server.key}\n",
+     ["tls_server_config.cert_file", "NUL"], True),
     ("bcrypt cost 3", "basic_auth_users: {alice: '$2y$03$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi'}\n",
      ["cost 03"], True),
     ("missing cert file", "tls_server_config: {cert_file: {pki}/nope.crt, key_file: {pki}/server.key}\n",
@@ -558,6 +567,34 @@ def test_changes_to_the_file_apply_while_serving_and_a_broken_edit_is_ignored(pk
         assert get(base + "/metrics", context, ("prometheus", "rotated"))[0] == 200
         assert get(base + "/metrics", context, ("prometheus", "rotated"))[0] == 200
         assert logs.read().count('"web_config_reload_failed"') == 1  # once per broken version
+        # a number no reader can take, and a NUL in a file name: the same (was a 500 and a traceback per request)
+        for n, broken in enumerate(("basic_auth_users: {prometheus: " + "9" * 5000 + "}\n",
+                                    "tls_server_config: {cert_file: \"a\\0b\", key_file: k}\n")):
+            write(tmp_path, broken, f"broken{n}.yml").replace(path)
+            for _ in range(3):
+                assert get(base + "/metrics", context, ("prometheus", "rotated"))[0] == 200
+        text = logs.read()
+        assert text.count('"web_config_reload_failed"') == 3 and "Traceback" not in text
+        assert '"http_handler_failed"' not in text
+
+
+def test_a_reload_that_fails_in_an_unforeseen_way_keeps_the_configuration_in_effect(tmp_path, monkeypatch, capsys):
+    """Whatever a new version of the file makes load() raise (a bug in gpuwatch as much as the file), every
+    request is served under the configuration in effect, and the failure is logged once per version."""
+    from gpuwatch.web import config as web_config
+
+    path = write(tmp_path, f"basic_auth_users: {{prometheus: '{HASH}'}}\n")
+    source = web_config.WebConfigSource(webconfig.load(path))
+    write(tmp_path, "basic_auth_users: {}\n", "next.yml").replace(path)
+
+    def broken(_path):
+        raise RuntimeError("unforeseen")
+
+    monkeypatch.setattr(web_config, "load", broken)
+    for _ in range(3):
+        assert set(source.current().users) == {"prometheus"}
+    failed = [line for line in capsys.readouterr().err.splitlines() if "web_config_reload_failed" in line]
+    assert len(failed) == 1 and "RuntimeError: unforeseen" in failed[0]
 
 
 # -- the client side (gpuwatch check) -------------------------------------------------------------

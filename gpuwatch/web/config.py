@@ -104,7 +104,7 @@ NEWER_KEYS = {
     "tls_server_config.client_ca": "put the CA certificates in a file and name it in client_ca_file",
 }
 
-_BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+_BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}", re.ASCII)  # \d: 0-9 only, as bcrypt reads it
 HASH_HINT = "write one with `htpasswd -nBC 10 \"\" | tr -d ':\\n'` or docs/security.md"
 # A valid bcrypt hash (cost 10) checked when the user name is unknown, so that the answer takes as
 # long as for a known user and user names cannot be found by timing (as the toolkit does).
@@ -221,6 +221,8 @@ def _readable(base: str, value: str, name: str, marker: str, what: str, where: s
         content = Path(resolved).read_bytes()
     except OSError as exc:
         raise ConfigError(f"{where}: {name}: cannot read {resolved}: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL in the name
+        raise ConfigError(f"{where}: {name}: {resolved!r} is not a file name (it has a NUL in it)") from None
     if marker.encode() not in content:
         raise ConfigError(f"{where}: {name}: {resolved} holds no PEM {what} ('{marker}')")
     return resolved
@@ -436,11 +438,12 @@ class WebConfigSource:
                 if (new.tls is None) != (config.tls is None):
                     raise ConfigError(f"web config file {config.path}: TLS cannot be switched "
                                       f"{'on' if new.tls else 'off'} while gpuwatch runs")
-            except ConfigError as exc:
+            except Exception as exc:  # ConfigError; anything else is a gpuwatch bug, and the old config still works
                 if signature != self._refused:
                     self._refused = signature
+                    error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
                     logs.get_logger(component="http").error(
-                        "web_config_reload_failed", error=str(exc),
+                        "web_config_reload_failed", error=error,
                         hint="the previous web configuration stays in effect; fix the file, or restart gpuwatch "
                              "for a TLS change")
                 return config
