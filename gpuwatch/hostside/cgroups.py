@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwatch.attribution import POD_UID
-from gpuwatch.hostside.hostile import SPACE, Report, finite, natural, shown
+from gpuwatch.hostside.hostile import SPACE, Report, finite, lines, natural, shown, words
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN: char 195:N; 255 is /dev/nvidiactl, 254 /dev/nvidia-modeset
 _GPU_MINORS = range(0, 254)
@@ -33,9 +33,10 @@ _SLURM_V2 = ("system.slice/*slurmstepd.scope/job_*",)
 _SLURM_V1 = ("*/slurm*/uid_*/job_*",)
 _PODS = ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice",
          "kubepods/pod*", "kubepods/*/pod*")
-_POD_UID = re.compile(rf"pod({POD_UID})(?:\.slice)?$")
-_JOB = re.compile(r"job_([0-9]{1,20})$", re.ASCII)  # a Slurm job id is a 32-bit number; more is not a job
-_UID = re.compile(r"uid_([0-9]+)$", re.ASCII)
+# Whole directory names (fullmatch): "job_evil_job_42" or "job_42\n" is no job 42 (search with $ took both)
+_POD_UID = re.compile(rf"(?:kubepods-(?:[a-z]+-)?)?pod({POD_UID})(?:\.slice)?", re.ASCII)
+_JOB = re.compile(r"job_([0-9]{1,20})", re.ASCII)  # a Slurm job id is a 32-bit number; more is not a job
+_UID = re.compile(r"uid_([0-9]+)", re.ASCII)
 
 
 @dataclass
@@ -78,7 +79,7 @@ class JobCgroup:
                     path = Path(base, "cgroup.procs")
                     text = _read(path) or ""
                     bad = 0
-                    for line in text.split():
+                    for line in words(text):
                         pid = natural(line, MAX_PID)
                         if pid is None:
                             bad += 1
@@ -106,8 +107,8 @@ class JobCgroup:
             if text is not None:
                 read = write = 0
                 bad: list[str] = []
-                for line in text.splitlines():
-                    fields = _keyed(" ".join(line.split()[1:]), "=", bad)
+                for line in lines(text):
+                    fields = _keyed(" ".join(words(line)[1:]), "=", bad)
                     read += int(fields.get("rbytes", 0))
                     write += int(fields.get("wbytes", 0))
                 io = (min(read, MAX_BYTES), min(write, MAX_BYTES))
@@ -147,7 +148,7 @@ class JobCgroup:
         if "" in self.dirs:
             text = _read(self.dirs[""] / "cpu.max")
             if text:
-                parts = text.split()
+                parts = words(text)
                 if len(parts) == 2 and parts[0] != "max":
                     quota = _ratio(parts[0], parts[1])
                 if len(parts) != 2 or finite(parts[1], float(MAX_BYTES)) is None or (parts[0] != "max"
@@ -191,13 +192,13 @@ def _keyed(text: str | None, sep: str = " ", bad: list[str] | None = None) -> di
     found: dict[str, float] = {}
     if not text:
         return found
-    items = text.split() if sep == "=" else text.splitlines()
+    items = words(text) if sep == "=" else lines(text)
     for item in items:
-        key, _, value = item.strip().partition(sep)
-        number = finite(value.strip(), float(MAX_BYTES))  # NaN, infinities, negatives, absurd: left out
+        key, _, value = item.strip(SPACE).partition(sep)
+        number = finite(value.strip(SPACE), float(MAX_BYTES))  # NaN, infinities, negatives, absurd: left out
         if number is not None:
-            found[key.strip()] = number
-        elif bad is not None and item.strip():
+            found[key.strip(SPACE)] = number
+        elif bad is not None and item.strip(SPACE):
             bad.append(item)
     return found
 
@@ -251,8 +252,8 @@ def parse_devices_list(text: str, bad: list[str] | None = None) -> tuple[int, ..
     a number beyond the kernel's major/minor range) is skipped and appended to ``bad``; every valid
     line around it still counts."""
     minors: set[int] = set()
-    for line in text.splitlines():
-        parts = line.split()
+    for line in lines(text):
+        parts = words(line)
         if not parts:
             continue
         entry = _device_entry(parts)
@@ -352,13 +353,13 @@ def scan(root: Path) -> Scan:
     slurm = False
     for pattern in _SLURM_V2:
         for path in glob(root, pattern, listings):
-            match = _JOB.search(path.name)
+            match = _JOB.fullmatch(path.name)
             if match and path.is_dir():
                 jobs.setdefault(("slurm", match.group(1)), JobCgroup("slurm", match.group(1))).dirs[""] = path
     slurm = slurm or any(glob(root, "system.slice/*slurmstepd.scope", listings))
     for pattern in _SLURM_V1:
         for path in glob(root, pattern, listings):
-            match, uid = _JOB.search(path.name), _UID.search(path.parent.name)
+            match, uid = _JOB.fullmatch(path.name), _UID.fullmatch(path.parent.name)
             if match and path.is_dir():
                 job = jobs.setdefault(("slurm", match.group(1)), JobCgroup("slurm", match.group(1)))
                 job.dirs[path.relative_to(root).parts[0]] = path
@@ -368,7 +369,7 @@ def scan(root: Path) -> Scan:
     for prefix in ("", "*/"):
         for pattern in _PODS:
             for path in glob(root, prefix + pattern, listings):
-                pod = _POD_UID.search(path.name)
+                pod = _POD_UID.fullmatch(path.name)
                 if pod and path.is_dir():
                     pod_uid = pod.group(1).replace("_", "-")
                     controller = path.relative_to(root).parts[0] if prefix else ""

@@ -11,6 +11,7 @@ warning per source (a file, a command's answer) per hour, then a summary of how 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +21,21 @@ ERROR = "malformed_input"
 # The kernel's whitespace: ASCII. str.strip() also strips \x1c-\x1f, \x85 and Unicode spaces, which would make
 # "0\x1f" a CPU: strip(SPACE) leaves them, and the value is bad.
 SPACE = " \t\n\r\f\v"
+_WORDS = re.compile(r"[^ \t\n\r\f\v]+")
 WARN_EVERY = 3600.0  # seconds: one warning per source in this interval, then one summary line
 _MAX_SHOWN = 80  # characters of the bad text the warning shows
+
+
+def words(text: str) -> list[str]:
+    """``text`` split at the kernel's whitespace (SPACE) only: ``str.split()`` also splits at \\x1c-\\x1f, \\x85
+    and Unicode spaces, which would make ``"c\\u3000195:3\\xa0rwm"`` a devices.list line and ``"1\\x1f200"`` two
+    PIDs; here they stay inside a word, which is then bad."""
+    return _WORDS.findall(text)
+
+
+def lines(text: str) -> list[str]:
+    """``text`` split at newlines only (``str.splitlines()`` also splits at \\x1c-\\x1e, \\x85, \\u2028...)."""
+    return text.split("\n")
 
 
 def natural(text: str, maximum: int) -> int | None:
