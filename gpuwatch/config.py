@@ -23,9 +23,10 @@ from typing import Any
 from gpuwatch import groups
 from gpuwatch.errors import ConfigError
 from gpuwatch.logs import FORMATS, LEVELS
-from gpuwatch.yamlfile import read_yaml, whole_number
+from gpuwatch.typed import DEFAULT_PORT, NUMBER, WHOLE, number, parse_listen_address, shown
+from gpuwatch.typed import parse_duration as parse_duration  # the commands read durations here
+from gpuwatch.yamlfile import read_yaml
 
-DEFAULT_PORT = 19400
 # "<group>.<option>" -> default, for every reading group's options (--collector.<group>.<option>)
 COLLECTOR_DEFAULTS: dict[str, Any] = {f"{g.name}.{name}": default for g in groups.GROUPS
                                       for name, (default, _) in g.options.items()}
@@ -83,44 +84,17 @@ class Config:
 
 # -- parsers for single values ----------------------------------------------------------------
 
-# Numbers as a person types them, in ASCII: float() and int() also take "1_000", "١٢" (other scripts'
-# digits) and Unicode spaces around them, which no one means in a configuration.
-_SPACE = " \t\n\r\f\v"
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
-_WHOLE = re.compile(r"[+-]?\d+", re.ASCII)
-
-
-def _shown(value: Any) -> str:
-    """``repr(value)`` for a message, cut short (a 5000-digit number has no repr: Python refuses to spell it)."""
-    if isinstance(value, int) and not isinstance(value, bool) and not -10**30 < value < 10**30:
-        return whole_number(value)
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _number(value: Any, pattern: re.Pattern[str]) -> Any:
-    """``value`` itself (an int or a float from YAML), or a text that ``pattern`` matches, stripped; ValueError
-    for anything else (a bool, other text)."""
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, str):
-        value = value.strip(_SPACE)
-        if not pattern.fullmatch(value):
-            raise ValueError
-    return value
-
-
 def _float(name: str, unit: str = "seconds") -> Callable[[Any], float]:
     """A positive finite number (of ``unit``)."""
     what = f"number of {unit}" if unit else "number"
 
     def parse(value: Any) -> float:
         try:
-            result = float(_number(value, _NUMBER))
+            result = float(number(value, NUMBER))
         except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond any float
-            raise ConfigError(f"{name}: expected a {what}, got {_shown(value)}") from None
+            raise ConfigError(f"{name}: expected a {what}, got {shown(value)}") from None
         if not 0 < result < float("inf"):
-            raise ConfigError(f"{name}: must be a positive {what}, got {_shown(value)}")
+            raise ConfigError(f"{name}: must be a positive {what}, got {shown(value)}")
         return result
 
     return parse
@@ -131,11 +105,11 @@ def _int(name: str, low: int, high: int) -> Callable[[Any], int]:
         try:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
-            result = int(_number(value, _WHOLE))
+            result = int(number(value, WHOLE))
         except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{name}: expected a whole number, got {_shown(value)}") from None
+            raise ConfigError(f"{name}: expected a whole number, got {shown(value)}") from None
         if not low <= result <= high:
-            raise ConfigError(f"{name}: must be between {low} and {high}, got {_shown(result)}")
+            raise ConfigError(f"{name}: must be between {low} and {high}, got {shown(result)}")
         return result
 
     return parse
@@ -187,54 +161,10 @@ def _readable(name: str) -> Callable[[Any], str]:
         except OSError as exc:
             raise ConfigError(f"{name}: cannot read {text!r}: {exc.strerror or exc}") from None
         except ValueError:  # a NUL in the name
-            raise ConfigError(f"{name}: {_shown(text)} is not a file name (it has a NUL in it)") from None
+            raise ConfigError(f"{name}: {shown(text)} is not a file name (it has a NUL in it)") from None
         return text
 
     return parse
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", re.ASCII)
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(name: str, value: Any) -> float:
-    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m``, ``1.5h``, ``500ms`` or ``1d``."""
-    try:
-        seconds = float(_number(value, _NUMBER))
-    except OverflowError:
-        seconds = float("inf")
-    except (TypeError, ValueError):
-        text = value.strip(_SPACE).lower() if isinstance(value, str) else ""
-        if not text or _DURATION_PART.sub("", text):
-            raise ConfigError(f"{name}: {_shown(value)} is not a duration (e.g. 90s, 10m, 1h30m)") from None
-        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
-    if not 0 < seconds < float("inf"):
-        raise ConfigError(f"{name}: must be longer than 0 and finite, got {_shown(value)}")
-    return seconds
-
-
-def parse_listen_address(value: str) -> tuple[str, int]:
-    """``HOST:PORT``, ``:PORT`` (all interfaces) or ``[IPv6]:PORT`` -> (host, port)."""
-    text = str(value).strip()
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        raise ConfigError(f"web.listen-address: {value!r} is not HOST:PORT (e.g. :{DEFAULT_PORT})")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        import ipaddress  # here: a daemon listening on no IPv6 literal does not load it (gpuwatch/__init__.py)
-
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ConfigError(f"web.listen-address: {value!r}: {host!r} is not an IPv6 address") from None
-    elif ":" in host:
-        raise ConfigError(f"web.listen-address: {value!r}: write IPv6 addresses in brackets, e.g. [::1]:{DEFAULT_PORT}")
-    if not _WHOLE.fullmatch(port_text) or not port_text.isdigit():  # ASCII digits, no sign, no "1_0"
-        raise ConfigError(f"web.listen-address: {value!r}: port {port_text!r} is not a number")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"web.listen-address: {value!r}: port must be 0-65535")
-    return host, port
 
 
 def _addresses(value: Any) -> tuple[str, ...]:
