@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwatch import groups
 from gpuwatch.backends.recorder import Recorder
@@ -163,6 +167,18 @@ def test_non_finite_readings_are_refused():
     """JSON has no NaN: a NaN reading is an error when encoding, never a silent 0."""
     with pytest.raises(ValueError, match="power_watts"):
         encode_fast(groups.fast_sample(power_watts=float("nan")))
+
+
+@pytest.mark.parametrize(("encode", "sample", "field"), [
+    (encode_slow, groups.slow_sample(pcie_replays=-1), "pcie_replays"),
+    (encode_slow, groups.slow_sample(ecc_errors={("uncorrected", "volatile"): 2**64}), "ecc_errors"),
+    (encode_fast, groups.fast_sample(performance_state=16), "performance_state"),
+    (encode_fast, groups.fast_sample(fans=(FanReading(fan=-1),)), "fans"),
+])
+def test_whole_numbers_out_of_range_are_refused_when_encoding(encode, sample, field):
+    """The writer never records what the reader would refuse (the recorder skips such a sample)."""
+    with pytest.raises(ValueError, match=field):
+        encode(sample)
 
 
 # ------------------------------------------------------------------------------- record and replay
@@ -417,6 +433,7 @@ def test_replay_refuses_a_bad_speed(recorded):
 HEADER = json.dumps({"type": "header", "format": "gpuwatch-trace", "version": 1, "created": WALL0,
                      "backend": "nvml", "driver": None, "fast_interval": 2.0, "slow_interval": 30.0})
 FAST = '{"t":1.0,"type":"fast","uuid":"GPU-a","temperature_celsius":40.0}'
+HUGE = "9" * 400
 
 
 @pytest.mark.parametrize(
@@ -437,6 +454,12 @@ FAST = '{"t":1.0,"type":"fast","uuid":"GPU-a","temperature_celsius":40.0}'
         ([HEADER, "[1, 2]"], ":2:", "expected a JSON object"),
         ([HEADER, HEADER], ":2:", "a second header"),
         ([HEADER, FAST[:20], FAST], ":2:", "not valid JSON"),  # cut short, but not the last line
+        # json.loads reads integers of up to 4300 digits; none of these is a float (OverflowError before)
+        ([HEADER, FAST.replace('"t":1.0', f'"t":{HUGE}')], ":2:", "field 't': expected a number, got 999"),
+        ([HEADER.replace(f'"created": {WALL0}', f'"created": {HUGE}'), FAST], ":1:", "'created': expected a number"),
+        ([HEADER.replace('"fast_interval": 2.0', f'"fast_interval": {HUGE}'), FAST], ":1:",
+         "'fast_interval': expected a number"),
+        ([HEADER, FAST.replace("40.0", f"-{HUGE}")], ":2:", "'temperature_celsius': expected a number"),
     ],
 )
 def test_malformed_traces_name_the_file_line_and_problem(tmp_path, lines, where, message):
@@ -446,6 +469,111 @@ def test_malformed_traces_name_the_file_line_and_problem(tmp_path, lines, where,
         read_trace(path)
     assert f"{path}{where}" in str(raised.value)
     assert message in str(raised.value)
+
+
+SLOW = '{"t":1.0,"type":"slow","uuid":"GPU-a","pcie_replays":7}'
+XID = '{"t":1.0,"type":"xid","uuid":"GPU-a","xid":79}'
+GPUS = '{"t":1.0,"type":"gpus","gpus":[{"index":0,"uuid":"GPU-a","name":"n","pci_bus_id":"0:1:0.0"}]}'
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value", "where"),
+    [
+        ("fast", "memory_used_bytes", 10**400, "memory_used_bytes"),  # the render failed with OverflowError
+        ("slow", "pcie_replays", 10**400, "pcie_replays"),
+        ("slow", "pcie_replays", 2**64, "pcie_replays"),  # one more than NVML's widest counter
+        ("slow", "pcie_replays", -5, "pcie_replays"),  # was exported as a negative counter
+        ("slow", "ecc_errors", {"uncorrected/volatile": -1}, "ecc_errors.uncorrected/volatile"),
+        ("slow", "processes", [{"pid": -1}], "processes[0].pid"),
+        ("fast", "fans", [{"fan": 10**30}], "fans[0].fan"),
+        ("fast", "performance_state", -7, "performance_state"),
+        ("fast", "performance_state", 16, "performance_state"),  # P0-P15
+        ("xid", "xid", -79, "xid"),
+        ("gpus", "gpus", [{"index": -1, "uuid": "GPU-a", "name": "n", "pci_bus_id": "0:1:0.0"}], "index"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else str(v)[:12],
+)
+def test_whole_numbers_out_of_range_name_the_file_line_and_field(tmp_path, kind, field, value, where):
+    """A count, size, id or P-state is what NVML could answer: 0..2**64-1 (P-state 0..15); anything
+    else is refused like a wrong type, never replayed into a failing render or a negative counter."""
+    path = tmp_path / "bad.jsonl"
+    line = {"fast": FAST, "slow": SLOW, "xid": XID, "gpus": GPUS}[kind]
+    path.write_text(f"{HEADER}\n{json.dumps(json.loads(line) | {field: value})}\n")
+    with pytest.raises(ReplayFormatError) as raised:
+        read_trace(path)
+    assert str(raised.value).startswith(f"{path}:2: ")
+    assert f"field {where!r}: expected a whole number 0.." in str(raised.value)
+
+
+def test_whole_numbers_at_the_ends_of_their_range_are_read(tmp_path):
+    path = tmp_path / "edges.jsonl"
+    fast = json.loads(FAST) | {"performance_state": 15, "memory_used_bytes": 0}
+    slow = json.loads(SLOW) | {"pcie_replays": 2**64 - 1, "temperature_threshold_celsius": {"shutdown": 10**300}}
+    path.write_text("\n".join([HEADER, json.dumps(fast), json.dumps(slow)]) + "\n")
+    fast_record, slow_record = read_trace(path).records
+    assert (fast_record.sample.power.performance_state, fast_record.sample.memory.memory_used_bytes) == (15, 0)
+    assert slow_record.sample.pcie.pcie_replays == 2**64 - 1
+    assert slow_record.sample.thermal.temperature_threshold_celsius == {"shutdown": 1e300}
+
+
+def test_a_value_nested_too_deep_to_spell_out_is_still_a_format_error():
+    """The message quotes the bad value; one nested past the recursion limit is summarized, not re-encoded
+    (json.dumps raised RecursionError where json.loads had just managed)."""
+    deep: list = []
+    for _ in range(sys.getrecursionlimit() + 10):
+        deep = [deep]
+    with pytest.raises(ReplayFormatError, match=r"'performance_state': expected a whole number 0..15, got \[\.\.\.\]"):
+        decode_fast({"performance_state": deep})
+
+
+# Any JSON value where a record or the header has a field: unbounded integers (json.loads reads up to
+# 4300 digits), floats, strings, lists and objects whose keys are the nested readings' fields.
+HUGE_INTS = st.sampled_from([10**400, -10**400, 2**64, 2**64 - 1, 2**63, 10**308 * 2, -1, 16])
+NESTED_KEYS = sorted(
+    {f.name for cls in (FanReading, GpuProcess, MigReading, MigInstance, GpuIdentity) for f in dataclasses.fields(cls)}
+    | {"uncorrected/volatile", "current", "shutdown", "driver_version", "features"}
+)
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), HUGE_INTS, st.floats(allow_nan=False, allow_infinity=False),
+              st.text(max_size=6)),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.one_of(st.sampled_from(NESTED_KEYS), st.text(max_size=4)), inner, max_size=3),
+    max_leaves=10,
+)
+RECORD_FIELDS = {
+    "fast": sorted(FAST_FIELDS), "slow": sorted(SLOW_FIELDS), "xid": ["xid", "timestamp"], "gpus": ["gpus"],
+    "lost": ["tier", "message"], "backend_up": ["driver"], "backend_down": ["reason", "message", "hint"],
+}
+HEADER_FIELDS = ["created", "fast_interval", "slow_interval", "version", "backend", "driver"]
+
+
+@st.composite
+def hostile_records(draw):
+    kind = draw(st.sampled_from(sorted(RECORD_FIELDS)))
+    record = {"t": draw(st.one_of(st.just(1.0), JSON_VALUES)), "type": kind, "uuid": "GPU-a"}
+    return record | draw(st.dictionaries(st.sampled_from(RECORD_FIELDS[kind]), JSON_VALUES, max_size=4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(HEADER_FIELDS), JSON_VALUES, max_size=2),
+       st.lists(hostile_records(), max_size=3))
+def test_a_trace_of_hostile_values_is_a_trace_or_a_format_error(header_edits, records):
+    """Never another exception from read_trace; and what it accepts, the writer could have written."""
+    header = json.loads(HEADER) | header_edits
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        path.write_text("\n".join(json.dumps(line) for line in [header, *records]) + "\n")
+        try:
+            trace = read_trace(path)
+        except ReplayFormatError as exc:
+            assert str(exc).startswith(str(path))
+            return
+    for record_ in trace.records:
+        assert record_.t >= 0 and record_.t != float("inf")
+        if isinstance(record_, FastRecord):
+            encode_fast(record_.sample)
+        elif isinstance(record_, SlowRecord):
+            encode_slow(record_.sample)
 
 
 @pytest.mark.parametrize(("content", "message"), [("", "empty"), ("\n\n", "empty"), (HEADER[:30], "incomplete")])

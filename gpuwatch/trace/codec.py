@@ -11,6 +11,12 @@ supported" in the sample. A new reading is recorded and replayed without a line 
 A codec's ``encode`` takes a non-empty model value and returns a JSON value (ValueError for what
 JSON cannot hold: NaN, infinity); ``decode`` takes a JSON value and the field's name and returns the
 model value (ReplayFormatError saying what is wrong).
+
+A trace is input from anywhere (edited, corrupted, another version), so a decoded value is one the
+live backend could have produced: numbers are finite floats (``json`` reads a 400-digit integer,
+which no float holds), whole numbers are NVML's counts, sizes, ids and enums, 0..MAX_COUNT (as
+``groups.base.whole`` keeps them), or a narrower range where the reading documents one
+(``INT_RANGES``). Anything else is refused like a wrong type, naming the field.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -27,12 +34,15 @@ from typing import Any, Union
 
 from gpuwatch import groups
 from gpuwatch.errors import ReplayFormatError
+from gpuwatch.groups.base import MAX_COUNT
 from gpuwatch.model import DiscoveredGpu, DriverInfo, FastSample, GpuIdentity, SlowSample
 
 #: Separator of the two parts of a tuple key (ecc_errors: ("uncorrected", "volatile")).
 KEY_SEPARATOR = "/"
 #: Sample fields a trace does not keep: the recording host's own bookkeeping, not readings.
 NOT_RECORDED = ("collected",)
+#: Whole-number readings with a narrower range than 0..MAX_COUNT, by flat name: the largest value.
+INT_RANGES: Mapping[str, int] = {"performance_state": 15}  # P0-P15 (groups/power.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +53,10 @@ class Codec:
 
 
 def describe(value: Any) -> str:
-    text = json.dumps(value, default=repr)
+    try:
+        text = json.dumps(value, default=repr)
+    except (RecursionError, ValueError):  # a list nested nearly as deep as json.loads allows
+        text = "[...]" if isinstance(value, list) else "{...}" if isinstance(value, dict) else type(value).__name__
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -63,21 +76,30 @@ def encode_float(value: Any) -> float:
 
 
 def decode_float(value: Any, name: str) -> float:
-    if (is_int(value) or isinstance(value, float)) and math.isfinite(value):
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    # compared as ints, exactly: math.isfinite(10**400) raises OverflowError, float() too
+    if is_int(value) and -sys.float_info.max <= value <= sys.float_info.max:
         return float(value)
     raise bad(name, "a number", value)
 
 
-def encode_int(value: Any) -> int:
-    if not is_int(value):
-        raise ValueError(f"{value!r} is not a whole number")
-    return int(value)
+def whole_number(maximum: int = MAX_COUNT) -> Codec:
+    """The codec of a whole-number reading 0..maximum; out of range it is refused both ways (a recorder
+    never writes what a reader refuses)."""
+    expected = f"a whole number 0..{maximum}"
 
-
-def _decode_int(value: Any, name: str) -> int:
-    if is_int(value):
+    def encode(value: Any) -> int:
+        if not is_int(value) or not 0 <= value <= maximum:
+            raise ValueError(f"{value!r} is not {expected}")
         return int(value)
-    raise bad(name, "a whole number", value)
+
+    def decode(value: Any, name: str) -> int:
+        if is_int(value) and 0 <= value <= maximum:
+            return int(value)
+        raise bad(name, expected, value)
+
+    return Codec(encode, decode, "whole number")
 
 
 def _decode_bool(value: Any, name: str) -> bool:
@@ -93,7 +115,8 @@ def _decode_str(value: Any, name: str) -> str:
 
 
 FLOAT = Codec(encode_float, decode_float, "number")
-INT = Codec(encode_int, _decode_int, "whole number")
+INT = whole_number()
+encode_int = INT.encode
 BOOL = Codec(bool, _decode_bool, "true/false")
 STR = Codec(str, _decode_str, "string")
 
@@ -218,7 +241,9 @@ def _sample_fields(container: type, flat: Mapping[str, tuple[str, str | None]]) 
     for name, (attr, sub) in flat.items():
         if name in NOT_RECORDED:
             continue
-        if sub is None:
+        if name in INT_RANGES:
+            table[name] = whole_number(INT_RANGES[name])
+        elif sub is None:
             table[name] = codec_for(hints[attr])
         else:
             reading: Any = type(getattr(container(), attr))
