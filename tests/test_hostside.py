@@ -465,3 +465,38 @@ def test_a_job_directory_that_goes_away_while_the_scan_lists_it_loses_only_that_
     found = cgroups.scan(tmp_path)
     assert [job.job_id for job in found.jobs] == ["11", "12"] and found.slurm_hierarchy
     assert all("cpuset" not in job.dirs and {"devices", "freezer"} <= set(job.dirs) for job in found.jobs)
+
+
+@pytest.mark.parametrize("order", [sorted, lambda names: sorted(names, reverse=True)])
+def test_a_mapping_file_is_named_in_one_spelling_only(tmp_path, monkeypatch, order):
+    """"00" and "0000" were GPU 0 like "0" (and "0.03" MIG instance 3 like "0.3"): the file the listing gave
+    last won, silently. They are no file dcgm-exporter writes: skipped, reported; "0" keeps its job."""
+    from gpuwatch.hostside.slurm_allocations import read_mapping_dir
+    real = Path.iterdir
+    monkeypatch.setattr(Path, "iterdir", lambda self: iter(order(real(self))))
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    for name, job in (("0", "42"), ("00", "999"), ("0000", "998"), ("0.3", "43"), ("0.03", "997"), ("10", "44"),
+                      ("010", "996"), ("junk", "995"), ("9" * 200, "994")):
+        (mapping / name).write_text(job + "\n")
+    reports: list[tuple[str, str]] = []
+    assert read_mapping_dir(mapping, lambda source, reason: reports.append((source, reason))) == {
+        (0, None): ["42"], (0, 3): ["43"], (10, None): ["44"]}
+    assert sorted(Path(source).name for source, _ in reports) == ["0.03", "00", "0000", "010"]
+    assert all("leading zero" in reason for _, reason in reports)
+
+
+def test_a_mapping_job_id_is_ascii_between_ascii_whitespace(tmp_path, scontrol_env):
+    """strip() and splitlines() made "42\\x1f" and "43\\u3000" jobs 42 and 43, and "46\\x1e47" two jobs: a line ends
+    at "\\n" and only ASCII whitespace around it is dropped; the rest is a bad line, its neighbours kept."""
+    from gpuwatch.hostside.slurm_allocations import read_mapping_dir
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    (mapping / "0").write_bytes("42\x1f\n43\u3000\n\t44 \r\n\x0b45\x0c\n46\x1e47\n48\x85\n".encode())
+    reports: list[str] = []
+    assert read_mapping_dir(mapping, lambda source, reason: reports.append(reason)) == {(0, None): ["44", "45"]}
+    assert reports == ["4 line(s) that are no job id skipped, the first: '42\\x1f'"]
+    errors: list = []
+    allocations, _ = slurm(mapping=str(mapping), errors=errors).read(cgroups.scan(tmp_path / "none"), gpus())
+    assert [(a.uuid, a.job_id) for a in allocations] == [(uuid(0), "44"), (uuid(0), "45")]
+    assert errors == [("slurm", "malformed_input")]

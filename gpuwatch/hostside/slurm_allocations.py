@@ -5,7 +5,10 @@ numbers), then ``scontrol show job --details --oneliner <id>`` (this node's ``GR
 then the prolog-written mapping directory. scontrol runs with a timeout, without a shell, and is
 asked once per job (an allocation does not change while the job runs); after a failure it is not
 run again for ``scontrol-backoff`` seconds (a hung slurmctld costs one timeout per backoff, not
-one per job). Each kind of failure is logged once and counted, until scontrol answers again.
+one per job). Each kind of failure is logged once and counted, until scontrol answers again. An
+answer that is bad for one job (unparsable, or without a part on this node) is that job's problem,
+not scontrol's: only that job waits the backoff before it is asked again, the other jobs are asked
+as usual, and it is counted at each try and logged at most once per job per hour.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from gpuwatch import scontrol
 from gpuwatch.attribution import user_name
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside.cgroups import MAX_ID, JobCgroup, Scan
-from gpuwatch.hostside.hostile import Malformed, natural, shown
-from gpuwatch.logs import get_logger
+from gpuwatch.hostside.hostile import SPACE, WARN_EVERY, Malformed, natural, shown, words
+from gpuwatch.hostside.hostile import lines as hostile_lines
+from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import GpuState
 from gpuwatch.scontrol import ScontrolError
 
@@ -108,7 +112,7 @@ def parse_scontrol_job(text: str, node: str) -> Answer | None:
     current = False
     on_node = mig = seen_job = False
     region = False
-    for token in text.split():
+    for token in words(text):  # at ASCII whitespace: "Nodes=x\x1fGRES=..." is one token, not two
         key, sep, value = token.partition("=")
         if not sep:
             continue
@@ -148,6 +152,8 @@ class Scontrol:
         self._failing: str | None = None
         self._noted: set[str] = set()
         self._log = get_logger(component="slurm")
+        # one job's bad answer: one warning per (kind, job) per hour at most, then a summary line
+        self._bad_answers = Repeats(self._log, burst=1, interval=max(backoff, WARN_EVERY), monotonic=monotonic)
 
     def _resolve(self) -> str | None:
         if not self._command:
@@ -194,6 +200,17 @@ class Scontrol:
             self._noted.add(error)
             self._log.warning(error, error_detail=message, hint=hint)
 
+    def reject(self, job_id: str, error: str, message: str, hint: str) -> None:
+        """An answer that is bad for one job, not a failure of scontrol: counted, logged at most once per
+        (kind, job) per hour, and no backoff: the other jobs are asked as usual (the caller has this one wait)."""
+        self._errors.append(("slurm", error))
+        self._bad_answers.log("warning", error, (error, job_id), job_id=job_id, error_detail=message, hint=hint,
+                              retry_in_seconds=self._backoff)
+
+    def flush(self) -> None:
+        """Summaries of the bad answers whose hour is over; their keys are forgotten (a job goes)."""
+        self._bad_answers.flush()
+
     def fail(self, error: str, message: str, hint: str) -> None:
         self._errors.append(("slurm", error))
         self._resume_at = self._monotonic() + self._backoff
@@ -202,7 +219,10 @@ class Scontrol:
             self._log.warning(error, error_detail=message, hint=hint, retry_in_seconds=self._backoff)
 
 
-_MAPPING_NAME = re.compile(r"([0-9]{1,4})(?:\.([0-9]{1,4}))?", re.ASCII)
+# a GPU index or index.instance, each spelled as dcgm-exporter writes it: "0", "12", "3.2"; not "00" or "0.03",
+# which would be another file of the same key (the last one listed would win)
+_MAPPING_NAME = re.compile(r"(0|[1-9][0-9]{0,3})(?:\.(0|[1-9][0-9]{0,3}))?", re.ASCII)
+_NUMERIC_NAME = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4})?", re.ASCII)  # looks like one, spelled otherwise
 # 42, an array task's 42_7, a het job's 42+1: one printable ASCII word, not too long for a label value
 _JOB_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.+\-]{0,63}", re.ASCII)
 
@@ -211,7 +231,8 @@ def read_mapping_dir(directory: Path, report: Callable[[str, str], None] | None 
                      ) -> dict[tuple[int, int | None], list[str]]:
     """dcgm-exporter's job-mapping directory: a file per GPU index (``0``) or MIG instance
     (``0.3``), a job id per line ("0" or empty: no job). Missing or unreadable: nothing. A line that
-    is no job id (garbage, binary, a 5000-digit number) is skipped, ``report(file, reason)`` told."""
+    is no job id (garbage, binary, a 5000-digit number, a control character) is skipped, ``report(file,
+    reason)`` told; so is a file named like an index but not in its one spelling ("00", "0.03")."""
     found: dict[tuple[int, int | None], list[str]] = {}
     try:
         entries = list(directory.iterdir())[:_MAX_MAPPING_FILES]
@@ -220,6 +241,8 @@ def read_mapping_dir(directory: Path, report: Callable[[str, str], None] | None 
     for entry in entries:
         match = _MAPPING_NAME.fullmatch(entry.name)
         if not match:
+            if report is not None and _NUMERIC_NAME.fullmatch(entry.name):
+                report(str(entry), "not a GPU index as dcgm-exporter writes it (a leading zero): the file is skipped")
             continue
         try:
             if not entry.is_file():  # a FIFO would block the read
@@ -228,7 +251,9 @@ def read_mapping_dir(directory: Path, report: Callable[[str, str], None] | None 
                 text = f.read(1 << 20).decode(errors="replace")  # 1 MiB: a job id per line
         except OSError:
             continue
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # "\n" ends a line and only ASCII whitespace is stripped: splitlines() and strip() would make "42\x1f"
+        # or "42\u3000" job 42, and "42\x1e43" two jobs
+        lines = [line.strip(SPACE) for line in hostile_lines(text) if line.strip(SPACE)]
         jobs = [line for line in lines if line != "0" and _JOB_ID.fullmatch(line)]
         bad = [line for line in lines if not _JOB_ID.fullmatch(line)]
         if bad and report is not None:
@@ -246,13 +271,14 @@ class SlurmAllocations:
                  errors: list[tuple[str, str]], user_name: Callable[[int], str] = user_name) -> None:
         self._node = str(options.get("node-name") or "") or socket.gethostname().split(".")[0]
         timeout = float(options.get("scontrol-timeout", 5))
-        self._scontrol = Scontrol(str(options.get("scontrol", "scontrol")), timeout,
-                                  float(options.get("scontrol-backoff", 60)), monotonic, errors)
+        self._backoff = float(options.get("scontrol-backoff", 60))
+        self._scontrol = Scontrol(str(options.get("scontrol", "scontrol")), timeout, self._backoff, monotonic, errors)
         self._budget = 2 * timeout  # scontrol time per read at most: later jobs wait for the next read
         self._monotonic = monotonic
         self._mapping = None if mapping_dir is None else Path(mapping_dir)
         self._user_name = user_name
         self._cache: dict[str, Answer] = {}  # job id -> what scontrol said, for the job's life
+        self._retry: dict[str, float] = {}  # job id -> when to ask again, after a bad answer for that job
         self._malformed = Malformed("slurm", errors)
 
     def read(self, found: Scan, gpus: Sequence[GpuState]) -> tuple[tuple[JobAllocation, ...], bool] | None:
@@ -262,6 +288,7 @@ class SlurmAllocations:
         if not found.slurm_hierarchy and self._mapping is None:
             return None  # no Slurm here that gpuwatch can see: absent, not "free"
         self._malformed.flush()
+        self._scontrol.flush()
         by_minor = {g.identity.minor_number: g.identity.uuid for g in gpus if g.identity.minor_number is not None}
         by_gres = [g.identity.uuid for g in sorted(gpus, key=_gres_order)]
         by_index = {g.identity.index: g.identity.uuid for g in gpus}
@@ -279,14 +306,18 @@ class SlurmAllocations:
                 resolved.add(job.job_id)
                 continue
             answer = self._cache.get(job.job_id)
-            if answer is None and self._monotonic() < deadline:
+            now = self._monotonic()
+            if answer is None and now < deadline and now >= self._retry.get(job.job_id, now):
                 answer = self._ask(job)
             if answer is not None and not answer.mig:
                 allocations.extend(JobAllocation(by_gres[i], job.job_id, user or answer.user, "scontrol")
                                    for i in answer.indices if i < len(by_gres))
                 resolved.add(job.job_id)
-        for gone in [j for j in self._cache if j not in live]:
+        live_set = set(live)
+        for gone in [j for j in self._cache if j not in live_set]:
             del self._cache[gone]
+        for gone in [j for j in self._retry if j not in live_set]:
+            del self._retry[gone]
         if self._mapping is not None:
             mapped = read_mapping_dir(self._mapping, self._malformed)
             for (index, _instance), jobs in sorted(mapped.items(), key=_mapping_order):
@@ -306,15 +337,20 @@ class SlurmAllocations:
             answer: Answer | None = Answer("", (), True)
         else:
             answer = parse_scontrol_job(text, self._node)
+        # an answer bad for this job stays with it: it waits the backoff, the other jobs are asked on
         if answer is None:
-            self._scontrol.fail("scontrol_unparsable", f"unexpected output of scontrol show job {job.job_id}: "
-                                f"{text.strip()[:120]!r}", "please report it with your Slurm version")
+            self._retry[job.job_id] = self._monotonic() + self._backoff
+            self._scontrol.reject(job.job_id, "scontrol_unparsable", f"unexpected output of scontrol show job "
+                                  f"{job.job_id}: {shown(text.strip(SPACE))}",
+                                  "please report it with your Slurm version")
             return None
         if not answer.on_node:
-            self._scontrol.fail("scontrol_node_unknown", f"job {job.job_id} has no part on node {self._node!r} "
-                                "in scontrol's answer", "set --collector.slurm.node-name to this node's Slurm "
-                                "NodeName (slurmd -C prints it)")
+            self._retry[job.job_id] = self._monotonic() + self._backoff
+            self._scontrol.reject(job.job_id, "scontrol_node_unknown", f"job {job.job_id} has no part on node "
+                                  f"{self._node!r} in scontrol's answer", "set --collector.slurm.node-name to this "
+                                  "node's Slurm NodeName (slurmd -C prints it)")
             return None
+        self._retry.pop(job.job_id, None)
         if answer.mig:
             self._scontrol.note("scontrol_mig_gres", f"job {job.job_id} holds MIG devices as GRES: their "
                                 "indices are not GPUs", "use the mapping directory for MIG jobs (docs/slurm.md)")
