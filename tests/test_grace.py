@@ -257,6 +257,89 @@ def test_hostile_sensor_files_are_skipped_with_one_warning_naming_the_file(tmp_p
     assert len(warnings(capsys)) == 1
 
 
+@pytest.mark.parametrize("name", [
+    "CPU Power Socket \u0660",  # ARABIC-INDIC DIGIT ZERO: \\d and int() take it
+    "CPU Power Socket \uff10",  # FULLWIDTH DIGIT ZERO
+    "CPU Power Socket 00", "CPU Power Socket 01", "CPU Power Socket 0000",
+    "CPU Power Socket 0\u00a0", "CPU Power Socket\u30000", "CPU Power Socket", "CPU Power Socket 0x0",
+])
+def test_a_socket_number_the_kernel_never_writes_is_skipped_and_the_real_sensor_kept(tmp_path, capsys, name):
+    """hwmon00 sorts before socket 0's real CPU sensor (hwmon1): read as socket 0, its 999 W displaced the real
+    250.5 W without a word. It is a bad sensor file: counted, one warning naming it."""
+    grace_tree(tmp_path, sockets=1)
+    sensor(tmp_path, "00", name, average=999_000_000)
+    errors: list[tuple[str, str]] = []
+    sensors = GraceHwmon(str(tmp_path), FakeClock().monotonic, errors).read()
+    assert sensors is not None and {(s.sensor, s.socket): s.watts for s in sensors} == {
+        ("cap", "0"): 500.0, ("cpu", "0"): 250.5, ("module", "0"): 612.25, ("sysio", "0"): 21.0}
+    assert errors == [("grace", "bad_sensor")]
+    (warning,) = warnings(capsys)
+    assert warning["file"] == str(tmp_path / "hwmon00" / "device" / "power1_oem_info")
+    assert warning["reason"] == "not a socket number as the kernel writes it"
+
+
+def test_two_entries_naming_one_sensor_keep_the_first_valid_one_and_report_the_other(tmp_path, capsys):
+    """The first entry in sorted order whose reading is valid is the sensor; a later entry naming the same
+    sensor and socket is reported as a duplicate (not read); an earlier one with a bad reading is reported as
+    that and does not hide the valid one."""
+    grace_tree(tmp_path, sockets=1)  # socket 0's CPU sensor: hwmon1, 250.5 W
+    sensor(tmp_path, "00", "CPU Power Socket 0", average=b"garbage\n")  # sorts first, its reading bad
+    sensor(tmp_path, 7, "CPU Power Socket 0", average=999_000_000)  # sorts after hwmon1: a duplicate
+    errors: list[tuple[str, str]] = []
+    sensors = GraceHwmon(str(tmp_path), FakeClock().monotonic, errors).read()
+    assert sensors is not None and [(s.sensor, s.socket, s.watts) for s in sensors if s.sensor == "cpu"] == [
+        ("cpu", "0", 250.5)]
+    assert errors == [("grace", "bad_sensor")] * 2
+    bad, duplicate = warnings(capsys)
+    assert (bad["file"], bad["reason"]) == (str(tmp_path / "hwmon00" / "device" / "power1_average"), "not a number")
+    assert duplicate["file"] == str(tmp_path / "hwmon7" / "device" / "power1_oem_info")
+    assert duplicate["reason"] == f"names the same sensor as {tmp_path / 'hwmon1' / 'device' / 'power1_oem_info'}"
+
+
+def _unblock(fifo) -> None:
+    """A reader blocked opening ``fifo`` goes on (and reads nothing) once a writer opens and closes it."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # no reader waiting: nothing to unblock
+        pass
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("where", ["hwmon50/device/power1_oem_info", "hwmon50/power1_oem_info",
+                                   "hwmon50/device/power1_average", "hwmon50/device/power1_cap"])
+def test_a_fifo_where_a_sensor_file_should_be_is_skipped_without_blocking(tmp_path, capsys, where):
+    """open() and read() of a FIFO block until a writer comes: the host reader thread stalled for good. It is
+    not a regular file: skipped as a bad sensor file, the others read. Bounded: the read runs in a thread and the
+    FIFO is unblocked if it is still there after 10 s, so a regression fails instead of hanging."""
+    import threading
+
+    grace_tree(tmp_path, sockets=1)
+    fifo = tmp_path / where
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    if where.endswith("power1_average"):
+        (fifo.parent / "power1_oem_info").write_bytes(b"CPU Power Socket 1\n")
+    elif where.endswith("power1_cap"):
+        (fifo.parent / "power1_oem_info").write_bytes(b"Grace Power Socket 1\n")
+    os.mkfifo(fifo)
+    errors: list[tuple[str, str]] = []
+    result: list[object] = []
+    reader = threading.Thread(target=lambda: result.append(GraceHwmon(str(tmp_path), FakeClock().monotonic,
+                                                                      errors).read()), daemon=True)
+    reader.start()
+    reader.join(10)
+    blocked = reader.is_alive()
+    while reader.is_alive():
+        _unblock(fifo)
+        reader.join(0.1)
+    assert not blocked, "GraceHwmon.read() blocked on a FIFO"
+    (sensors,) = result
+    assert isinstance(sensors, tuple) and {(s.sensor, s.socket) for s in sensors} == {
+        ("cap", "0"), ("cpu", "0"), ("module", "0"), ("sysio", "0")}
+    assert errors == [("grace", "bad_sensor")]
+    (warning,) = warnings(capsys)
+    assert (warning["file"], warning["reason"]) == (str(fifo), "not a regular file")
+
+
 def test_host_reader_runs_the_grace_group_with_its_root_and_reports_it(tmp_path):
     grace_tree(tmp_path, sockets=1)
     reader = HostReader(Selection.of({"grace"}, {"grace.hwmon-root": str(tmp_path)}), cgroup_root=str(tmp_path / "none"))

@@ -633,3 +633,95 @@ def test_config_documents_of_any_shape_are_a_config_or_a_config_error(data):
                 load(path)
             except ConfigError:
                 pass
+
+
+# -- /proc/PID/io: a bad one costs that process's I/O, never its CPU times ----------------------------------
+
+PROC_IO = "rchar: 0\nwchar: 0\nsyscr: 0\nsyscw: 0\nread_bytes: {}\nwrite_bytes: 20\ncancelled_write_bytes: 0\n"
+
+
+def _job_with_io(tmp: Path, io: bytes | None, fifo: bool = False):
+    """Job 42: process 100 (2 s user, 1 s system, 7 and 3 bytes) and 101 (50 s, 10 s) whose /proc/101/io is
+    ``io``; (its JobUsage, the errors, the io file's path)."""
+    import os
+
+    from fakehost import slurm_v2_job
+
+    from gpuwatch.hostside.jobs import JobsReader
+
+    proc, root = tmp / "proc", tmp / "cgroup"
+    proc_stat(proc)
+    fake_process(proc, 100, user=2.0, system=1.0, read_bytes=7, write_bytes=3)
+    fake_process(proc, 101, user=50.0, system=10.0)
+    path = proc / "101" / "io"
+    if fifo:
+        path.unlink()
+        os.mkfifo(path)
+    elif io is not None:
+        path.write_bytes(io)
+    slurm_v2_job(root, 42, [100, 101])
+    errors: list[tuple[str, str]] = []
+    (usage,) = JobsReader(str(proc), FakeClock().monotonic, 8.0, errors).read(cgroups.scan(root))
+    return usage, errors, path
+
+
+def test_a_valid_proc_pid_io_is_read_as_psutil_read_it(tmp_path, capsys):
+    usage, errors, _ = _job_with_io(tmp_path, PROC_IO.format(1000).encode())
+    assert (usage.cpu_seconds, usage.read_bytes, usage.write_bytes, usage.processes) == ((52.0, 11.0, 0.0), 1007, 23, 2)
+    assert errors == [] and "host_input_skipped" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("io", [
+    b"read_bytes: nan\n",  # psutil's int() raised ValueError: the whole process was dropped, /proc/101/stat blamed
+    PROC_IO.format("nan").encode(), PROC_IO.format(HUGE).encode(), PROC_IO.format("1" + "0" * 4400).encode(),
+    PROC_IO.format("1_000").encode(),  # psutil's int() took it as 1000
+    PROC_IO.format("\u0663").encode(), PROC_IO.format("\uff11").encode(), PROC_IO.format("1\u00a0").encode(),
+    PROC_IO.format("+5").encode(), PROC_IO.format("-1").encode(), PROC_IO.format("0x10").encode(),
+    PROC_IO.format("1.5").encode(), PROC_IO.format("").encode(), PROC_IO.format("18446744073709551616").encode(),
+    PROC_IO.format(5) + "read_bytes: 6\n",  # twice: which one?
+    b"rchar: 0\nread_bytes: 5\n",  # no write_bytes
+    b"\xff\xfe garbage\x00\n",
+], ids=["nan-alone", "nan", "5000-digits", "4401-digits", "underscore", "arabic-indic", "fullwidth", "nbsp", "plus",
+        "negative", "hex", "fraction", "empty", "2**64", "twice", "no-write_bytes", "garbage"])
+def test_a_hostile_proc_pid_io_costs_that_process_s_io_only(tmp_path, capsys, io):
+    usage, errors, path = _job_with_io(tmp_path, io if isinstance(io, bytes) else io.encode())
+    assert usage.cpu_seconds == (52.0, 11.0, 0.0) and usage.processes == 2  # 101's valid stat is kept
+    assert (usage.read_bytes, usage.write_bytes) == (None, None)  # one process's I/O unknown: the job's is
+    assert errors == [("jobs", "malformed_input")]
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if "host_input_skipped" in line]
+    assert str(path) in warning and "/101/stat" not in warning
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_where_proc_pid_io_should_be_is_not_read(tmp_path, capsys):
+    """Bounded: the read runs in a thread; a FIFO still blocking it after 10 s is unblocked and the test fails."""
+    import os
+    import threading
+
+    result: list[object] = []
+    reader = threading.Thread(target=lambda: result.append(_job_with_io(tmp_path, None, fifo=True)), daemon=True)
+    reader.start()
+    reader.join(10)
+    blocked = reader.is_alive()
+    while reader.is_alive():
+        try:
+            os.close(os.open(tmp_path / "proc" / "101" / "io", os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        reader.join(0.1)
+    assert not blocked, "JobsReader.read() blocked on a FIFO"
+    ((usage, errors, path),) = result
+    assert usage.cpu_seconds == (52.0, 11.0, 0.0) and usage.read_bytes is None
+    assert errors == [("jobs", "malformed_input")]
+    assert str(path) in capsys.readouterr().err
+
+
+@FEW
+@given(hostile_line("read_bytes: {}"), st.booleans())
+def test_any_proc_pid_io_keeps_the_process_s_cpu_times(line, keep_others):
+    io = PROC_IO.replace("read_bytes: {}\n", line + "\n") if keep_others else line
+    with tempfile.TemporaryDirectory() as tmp:
+        usage, errors, _ = _job_with_io(Path(tmp), io.encode())
+    assert usage.cpu_seconds == (52.0, 11.0, 0.0) and usage.processes == 2
+    assert usage.read_bytes is None or usage.read_bytes == 7 + int(line.removeprefix("read_bytes: "))
+    assert set(errors) <= {("jobs", "malformed_input")}

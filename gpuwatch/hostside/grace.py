@@ -17,13 +17,18 @@ Other chips (coretemp, nvme, acpitz, ...) have no power1_oem_info and are passed
 word. A Grace sensor whose files cannot be read or whose text is not a number of microwatts from 0
 to 100 kW (garbage, bytes that are not UTF-8, a negative or absurd number, a file missing) is left
 out: one warning names the file (again at most once an hour while it stays bad), the read counts
-an error (gpuwatch_collector_errors_total{group="grace"}), and every valid sensor is kept.
+an error (gpuwatch_collector_errors_total{group="grace"}), and every valid sensor is kept. So is a
+power1_oem_info that names a Grace sensor with a socket number the kernel never writes (a leading zero,
+a Unicode digit or space: ``Socket 00``, ``Socket ٠``), and a sensor file that is not a regular file
+(a FIFO would block the read). Two entries naming the same sensor and socket: the first in the
+entries' sorted order whose reading is valid is kept, the later ones are reported as duplicates.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +36,8 @@ from gpuwatch.groups.grace import GraceSensor
 from gpuwatch.hostside.hostile import SPACE, natural
 from gpuwatch.logs import get_logger
 
-_NAME = re.compile(r"(CPU|SysIO|Module|Grace) Power Socket (\d{1,3})")
+_NAME = re.compile(r"(CPU|SysIO|Module|Grace) Power Socket (0|[1-9][0-9]{0,2})", re.ASCII)  # the kernel's
+_GRACE = re.compile(r"(CPU|SysIO|Module|Grace) Power Socket(\s.*)?", re.DOTALL)  # a Grace name, maybe a bad one
 _SENSOR = {"CPU": "cpu", "SysIO": "sysio", "Module": "module", "Grace": "cap"}
 _MAX_MICROWATTS = 100_000 * 1_000_000  # 100 kW: nothing on one socket draws that; more is garbage
 _MAX_BYTES = 256  # a sensor file holds one short line; more is not a sensor's
@@ -56,6 +62,7 @@ class GraceHwmon:
         except OSError:  # no hwmon class at all (a container without /sys, a non-Linux host)
             return None
         found: dict[tuple[str, str], GraceSensor] = {}
+        first: dict[tuple[str, str], Path] = {}  # the power1_oem_info of the sensor kept
         seen = False
         for entry in entries:
             named = self._name(self._root / entry)
@@ -63,9 +70,13 @@ class GraceHwmon:
                 continue
             seen = True
             directory, sensor, socket = named
+            if (sensor, socket) in found:  # not read: the sensor kept is the first valid one, whatever this says
+                self._bad(directory / "power1_oem_info", f"names the same sensor as {first[(sensor, socket)]}")
+                continue
             value = self._microwatts(directory / ("power1_cap" if sensor == "cap" else "power1_average"))
-            if value is not None and (sensor, socket) not in found:
+            if value is not None:
                 found[(sensor, socket)] = GraceSensor(sensor, socket, value / 1e6)
+                first[(sensor, socket)] = directory / "power1_oem_info"
         if not seen:
             return None
         return tuple(sorted(found.values(), key=lambda s: (s.sensor, int(s.socket))))
@@ -74,22 +85,32 @@ class GraceHwmon:
         """(the directory of the sensor's files, sensor, socket) of a Grace entry; None for any other."""
         for directory in (entry / "device", entry):
             path = directory / "power1_oem_info"
-            raw = _small(path)
+            try:
+                raw = _small(path)
+            except _NotRegular:
+                self._bad(path, _NOT_REGULAR)
+                return None
             if raw is None:
                 continue
             try:
-                text = raw.decode("utf-8").strip()
+                text = raw.decode("utf-8").strip(SPACE)
             except UnicodeDecodeError:
                 self._bad(path, "not UTF-8 text")
                 return None
             match = _NAME.fullmatch(text)
             if match is None:
-                return None  # some other chip's power sensor: not ours
-            return directory, _SENSOR[match.group(1)], str(int(match.group(2)))
+                if _GRACE.fullmatch(text):
+                    self._bad(path, "not a socket number as the kernel writes it")
+                return None  # otherwise some other chip's power sensor: not ours
+            return directory, _SENSOR[match.group(1)], match.group(2)
         return None
 
     def _microwatts(self, path: Path) -> int | None:
-        raw = _small(path)
+        try:
+            raw = _small(path)
+        except _NotRegular:
+            self._bad(path, _NOT_REGULAR)
+            return None
         if raw is None:
             self._bad(path, "missing or unreadable")
             return None
@@ -119,10 +140,27 @@ class GraceHwmon:
                           hint="the sensor is left out; the node's other Grace sensors are still read")
 
 
+_NOT_REGULAR = "not a regular file"
+
+
+class _NotRegular(Exception):
+    """Something other than a regular file (a FIFO, a socket, a device, a directory) where a sensor file is."""
+
+
 def _small(path: Path) -> bytes | None:
-    """The first bytes of a sysfs file, or None when it cannot be read (absent, a directory, EIO)."""
+    """The first bytes of a sysfs file, or None when it cannot be read (absent, EACCES, EIO). Opened without
+    blocking and read only if it is a regular file (every sysfs attribute is): a FIFO's open or read would block
+    the host reader for good, so anything else raises _NotRegular."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _NotRegular(str(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(_MAX_BYTES)
     except OSError:
         return None
+    finally:
+        os.close(fd)

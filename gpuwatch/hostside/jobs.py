@@ -9,8 +9,11 @@ Per job (a Slurm job's or a pod's cgroup, gpuwatch/hostside/cgroups.py):
   ``cgroup.procs`` (data loaders included): ``/proc/PID/stat``'s times and block-I/O delay (the
   kernel's delay accounting), ``/proc/PID/io``. A process that exits mid-read is skipped
   (NoSuchProcess); the last seen times of one that exited stay in the job's totals, so the counters
-  only grow while the job lives. One whose I/O gpuwatch may not read (AccessDenied: another user's,
-  without CAP_SYS_PTRACE) makes the job's psutil I/O absent unless the cgroup accounts it.
+  only grow while the job lives. One whose I/O gpuwatch may not read (EACCES: another user's, without
+  CAP_SYS_PTRACE) makes the job's psutil I/O absent unless the cgroup accounts it. ``/proc/PID/io`` is
+  read here, not by psutil (whose int() takes ``1_000`` and Unicode digits and whose ValueError on ``nan``
+  would cost the process its CPU times too): a read_bytes or write_bytes the kernel would not write is
+  that process's I/O unreadable, one warning naming the file, its CPU times kept.
 
 A job whose processes gpuwatch cannot see at all (cgroup.procs lists them as 0 from another PID
 namespace, or ``/proc`` is mounted with hidepid) and whose cgroup has no readable accounting has no
@@ -20,6 +23,8 @@ reading: absent, not 0, counted as ``processes_not_visible`` and logged once.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +32,7 @@ import psutil
 
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
-from gpuwatch.hostside.hostile import Malformed
+from gpuwatch.hostside.hostile import SPACE, Malformed, natural, shown
 from gpuwatch.logs import get_logger
 
 _Cpu = tuple[float, float, float]  # user, system, iowait seconds
@@ -157,18 +162,13 @@ _MAX_SECONDS = 2.0**64 / 100  # CPU seconds of one process: the kernel's u64 tic
 def _process(pid: int, report: Callable[[str, str], None] | None = None) -> tuple[float, _Cpu, _Io] | None:
     """(start time, CPU seconds, I/O bytes) of one process; None if it is gone or cannot be read at all.
     A /proc/PID/stat that does not parse (truncated: psutil's IndexError; huge, negative or NaN times)
-    is the process skipped and ``report`` told; the job's other processes are read."""
+    is the process skipped and ``report`` told; the job's other processes are read. A bad /proc/PID/io
+    costs only the I/O (see _io)."""
     try:
         process = psutil.Process(pid)
         with process.oneshot():
             times = process.cpu_times()
             start = process.create_time()
-            io: _Io
-            try:
-                counters = process.io_counters()
-                io = (int(counters.read_bytes), int(counters.write_bytes))
-            except (psutil.AccessDenied, AttributeError, NotImplementedError, RuntimeError):
-                io = None  # RuntimeError: an empty /proc/PID/io (psutil's word for a kernel without the accounting)
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError, RuntimeError):
         return None
     except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
@@ -181,6 +181,71 @@ def _process(pid: int, report: Callable[[str, str], None] | None = None) -> tupl
         if report is not None:
             report(f"{psutil.PROCFS_PATH}/{pid}/stat", "CPU times that are negative, NaN or beyond a u64")
         return None
-    if io is not None and not all(0 <= v <= 2**64 - 1 for v in io):
-        io = None
+    try:
+        io = _io(pid, report)
+    except psutil.NoSuchProcess:  # gone between its stat and its io
+        return None
     return start, cpu, io
+
+
+_MAX_IO_FILE = 4096  # bytes: /proc/PID/io is seven short lines
+_IO_FIELDS = ("read_bytes", "write_bytes")
+
+
+def _io(pid: int, report: Callable[[str, str], None] | None) -> _Io:
+    """/proc/PID/io's read_bytes and write_bytes; None when it cannot be read (EACCES: another user's process
+    or one that dropped dumpable; empty, or absent: a kernel without the accounting) or when it is malformed
+    (then ``report`` is told, naming the file). Raises psutil.NoSuchProcess when the process is gone."""
+    path = f"{psutil.PROCFS_PATH}/{pid}/io"
+    try:
+        raw = _regular_file(path)
+    except (FileNotFoundError, ProcessLookupError):
+        if not os.path.exists(f"{psutil.PROCFS_PATH}/{pid}/stat"):
+            raise psutil.NoSuchProcess(pid) from None
+        return None
+    except OSError:
+        return None
+    if raw is not None and not raw.strip(SPACE.encode()):
+        return None  # empty: psutil's word for a kernel without the accounting (and fakehost's unreadable file)
+    io, why = _parse_io(raw)
+    if io is None and report is not None:
+        report(path, why)
+    return io
+
+
+def _regular_file(path: str) -> bytes | None:
+    """Up to _MAX_IO_FILE + 1 bytes of ``path``; None when it is not a regular file (a FIFO would block the
+    reader: it is opened without blocking and not read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(_MAX_IO_FILE + 1)
+    finally:
+        os.close(fd)
+
+
+def _parse_io(raw: bytes | None) -> tuple[_Io, str]:
+    """("read_bytes", "write_bytes") of /proc/PID/io's "name: value" lines (the others are not looked at), or
+    None and why not: each once, in ASCII digits as the kernel writes them (not psutil's int(): "1_000", "٣"),
+    0..2**64-1."""
+    if raw is None:
+        return None, "not a regular file"
+    if len(raw) > _MAX_IO_FILE:
+        return None, f"longer than {_MAX_IO_FILE} bytes"
+    found: dict[str, int] = {}
+    for line in raw.decode("ascii", errors="replace").split("\n"):
+        name, sep, value = line.strip(SPACE).partition(": ")
+        if not sep or name not in _IO_FIELDS:
+            continue
+        number = natural(value.strip(SPACE), 2**64 - 1)
+        if number is None:
+            return None, f"{name} is not a number as the kernel writes it: {shown(value)}"
+        if name in found:
+            return None, f"{name} twice"
+        found[name] = number
+    missing = [name for name in _IO_FIELDS if name not in found]
+    if missing:
+        return None, "no " + " or ".join(missing)
+    return (found["read_bytes"], found["write_bytes"]), ""
