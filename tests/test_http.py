@@ -524,3 +524,24 @@ def test_connections_past_the_limit_are_closed_as_they_come_with_one_warning(ech
     wait_for(served, what="served again")
     refused = [line for line in capsys.readouterr().err.splitlines() if "http_connections_refused" in line]
     assert len(refused) == 1 and '"max_connections": 2' in refused[0]
+
+
+@pytest.mark.parametrize("header,compressed", [
+    ("gzip", True), ("GZIP", True), ("x-gzip", True), ("deflate, gzip;q=1.0, br", True), ("gzip ; q=0.5", True),
+    ("*", True), ("identity, *;q=0.1", True),
+    ("gzip;q=0", False), ("identity, gzip;q=0", False), ("gzip;q=0.000", False), ("gzip;q=0, *", False),
+    ("*;q=0", False), ("x-nogzip", False), ("nogzip, identity", False), ("identity", False), ("", False),
+    ("gzip;q=x", False),
+])
+def test_the_body_is_gzip_exactly_when_accept_encoding_allows_it(header, compressed):
+    """RFC 9110 12.5.3: codings by name, any case, with q-values; q=0 refuses (a substring test sent gzip to
+    "gzip;q=0" and "x-nogzip", and none to "GZIP")."""
+    clock = FakeClock()
+    store = Store(clock, ScriptedBackend(1).name)
+    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/metrics", lambda tier: 6.0)
+    got: dict = {}
+    body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "HTTP_ACCEPT_ENCODING": header},
+                        lambda status, headers, exc_info=None: got.update(headers=dict(headers))))
+    assert (got["headers"].get("Content-Encoding") == "gzip") is compressed
+    text = gzip.decompress(body) if compressed else body
+    assert text.startswith(b"# HELP")

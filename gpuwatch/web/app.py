@@ -73,9 +73,35 @@ class App:
     def _metrics(self, environ: dict[str, Any], start_response: StartResponse, method: str) -> Iterable[bytes]:
         content_type = self._exposition.content_type(environ.get("HTTP_ACCEPT", ""))
         body, compressed = self._exposition.render(openmetrics=content_type.startswith("application/openmetrics-text"),
-                                                   compress="gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""))
+                                                   compress=accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
         extra = [("Content-Encoding", "gzip")] if compressed else []
         return reply(start_response, "200 OK", body, content_type, extra=extra, head=method == "HEAD")
+
+
+def accepts_gzip(header: str) -> bool:
+    """Whether an Accept-Encoding header (RFC 9110 12.5.3) lets the answer be gzip: a "gzip" (or "x-gzip", any
+    case) or a "*" with a q-value above 0, gzip not refused by name. "gzip;q=0" refuses it, "x-nogzip" is
+    another coding (a substring test took both for gzip)."""
+    if header == "gzip":  # Prometheus, vmagent: at once
+        return True
+    star = None
+    for item in header.split(","):
+        coding, _, params = item.partition(";")
+        coding = coding.strip(" \t").lower()
+        if coding not in ("gzip", "x-gzip", "*"):
+            continue
+        q = 1.0
+        name, _, value = params.strip(" \t").partition("=")
+        if name.strip(" \t").lower() == "q":
+            try:
+                q = float(value.strip(" \t")) if value.strip(" \t")[:1] in "01" else 0.0
+            except ValueError:
+                q = 0.0  # "q=x": not a q-value; read as a refusal rather than a wish
+        if coding == "*":
+            star = q > 0
+        else:
+            return q > 0
+    return bool(star)
 
 
 def reply(start_response: StartResponse, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8",
