@@ -109,12 +109,38 @@ def where(anomaly: Mapping[str, Any]) -> str:
     return f"GPU {gpu} {anomaly.get('rule')}" if gpu is not None else str(anomaly.get("rule"))
 
 
+_ANOMALY_TEXTS = ("severity", "rule", "summary")
+
+
+def _not_a_status(document: Any) -> str:
+    """Why ``document`` is not a status document a verdict can read ("" when it is): the parts the verdict and
+    its readers (gpuwatch check, the drain logic) use, each of the type this module writes."""
+    if not isinstance(document, Mapping):
+        return f"a JSON {type(document).__name__}, not an object"
+    for key, kind in (("backend", Mapping), ("polls", Mapping)):
+        if document.get(key) is not None and not isinstance(document[key], kind):
+            return f"{key} is not an object"
+    if document.get("status") in ("ok", "warning", "critical"):
+        if not isinstance(document.get("gpus"), list):
+            return "no list of gpus"
+        anomalies = document.get("anomalies")
+        if anomalies is not None and not isinstance(anomalies, list):
+            return "anomalies is not a list"
+        for a in anomalies or ():
+            if not isinstance(a, Mapping) or not all(isinstance(a.get(k), str) for k in _ANOMALY_TEXTS):
+                return "an anomaly without severity, rule and summary"
+    return ""
+
+
 def verdict(document: Mapping[str, Any] | None) -> Verdict:
     """The verdict on a status document (None: the daemon could not be read): unknown (exit 2) when
     the daemon does not answer, its backend is down or its data is stale; critical (exit 1) when a
     critical anomaly fires; else ok or warning (exit 0). docs/status-api.md."""
     if document is None:
         return Verdict("unknown", 2, detail="the daemon's status could not be read")
+    problem = _not_a_status(document)
+    if problem:  # another program on the port, a proxy's page, a version that spells it otherwise
+        return Verdict("unknown", 2, detail=f"the answer is not gpuwatch's status document: {problem}")
     status = document.get("status")
     if status not in ("ok", "warning", "critical"):
         backend = document.get("backend") or {}

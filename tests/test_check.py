@@ -50,3 +50,24 @@ def test_check_cannot_tell_when_the_backend_is_down_or_the_daemon_is_gone(tmp_pa
         d.stop()
     rc, out = check(address)
     assert rc == 2 and "cannot read the daemon's status" in out and "systemctl status gpuwatch" in out
+
+
+@pytest.mark.parametrize("document,why", [
+    ([], "a JSON list, not an object"),
+    ("ok", "a JSON str, not an object"),
+    ({"status": "ok"}, "no list of gpus"),
+    ({"status": "ok", "gpus": [], "anomalies": [1]}, "an anomaly without severity, rule and summary"),
+    ({"status": "critical", "gpus": [], "anomalies": [{"severity": "critical", "rule": "x"}]},
+     "an anomaly without severity"),
+    ({"status": "ok", "gpus": [], "anomalies": {}}, "anomalies is not a list"),
+    ({"status": "stale", "backend": "up"}, "backend is not an object"),
+    ({"status": "stale", "backend": {"up": True}, "polls": []}, "polls is not an object"),
+])
+def test_an_answer_that_is_not_a_status_document_is_unknown(document, why):
+    """Another program on the port, a proxy's page: UNKNOWN (exit 2) for check and the drain logic alike,
+    not a traceback (exit 1, which is the check's CRITICAL)."""
+    from gpuwatch.status import verdict
+
+    v = verdict(document)
+    assert (v.status, v.exit_code) == ("unknown", 2)
+    assert v.detail == f"the answer is not gpuwatch's status document: {why}" or why in v.detail
