@@ -128,6 +128,9 @@ def test_sharing_suffix_only_a_trailing_number():
     assert kubelet.strip_sharing_suffix("GPU-1::15") == "GPU-1"
     assert kubelet.strip_sharing_suffix("GPU-1") == "GPU-1"
     assert kubelet.strip_sharing_suffix("GPU-1::x") == "GPU-1::x"
+    # other scripts' digits and a trailing newline are no replica number: the id stays whole (and matches no GPU)
+    for odd in ("GPU-1::\u0663", "GPU-1::\uff13", "GPU-1::3\n"):
+        assert kubelet.strip_sharing_suffix(odd) == odd
     assert kubelet.strip_sharing_suffix("0") == "0"  # DEVICE_ID_STRATEGY=index
 
 

@@ -33,7 +33,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 # NVIDIA's device plugin with time-slicing or MPS (and renameByDefault off) advertises each GPU N times, as
 # "<id>::0" ... "<id>::N-1"; the GPU is "<id>".
-_SHARING_SUFFIX = re.compile(r"::\d+$")
+_SHARING_SUFFIX = re.compile(r"::[0-9]+\Z")  # ASCII digits, at the very end ($ also matched before a newline)
 
 _INSTALL_HINT = "install the kubernetes extra: pip install 'gpuwatch[kubernetes]' (grpcio and protobuf)"
 _UPGRADE_HINT = (
