@@ -251,9 +251,11 @@ def load_memory(path: str | None) -> tuple[Memory, str | None]:
     if not isinstance(data, dict):
         return Memory(), f"the state file {path} is not a JSON object: starting afresh"
 
-    def number(key: str) -> float | None:
+    def number(key: str) -> float | None:  # a time: 0 or later, finite (json reads NaN and 400-digit numbers)
         value = data.get(key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**53:
+            return None
+        return float(value)
 
     kind = data.get("last_action_kind")
     reason = data.get("last_reason")

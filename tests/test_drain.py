@@ -598,3 +598,20 @@ def test_a_driver_requested_reboot_drains_through_check_drain(tmp_path, fake):
         f"gpuwatch: drained node {NODE} (Reason={reason})"]
     assert fake.updates() == [["update", f"NodeName={NODE}", "State=DRAIN", f"Reason={reason}"]]
     assert fake.node()["state"] == "IDLE+DRAIN" and fake.node()["reason"] == reason
+
+
+@pytest.mark.parametrize("text", ['{"healthy_since": 1' + "0" * 400 + ', "last_action": 5.0}',
+                                  '{"healthy_since": NaN, "last_action": -Infinity}',
+                                  '{"healthy_since": -1, "last_action": 1e300, "last_action_kind": 3}',
+                                  '{"last_action": ' + "9" * 5000 + "}"])
+def test_a_state_file_with_times_no_clock_gives_is_a_fresh_start(tmp_path, text):
+    """Times of the state file are 0 or later and finite: a 400-digit number (float() overflowed), NaN or a
+    negative time (json reads them) is forgotten, the rest of the file kept, never an exception."""
+    from gpuwatch.drain import load_memory
+
+    path = tmp_path / "state.json"
+    path.write_text(text)
+    memory, why = load_memory(str(path))
+    assert memory.healthy_since is None and memory.last_action_kind is None
+    assert memory.last_action in (None, 5.0)
+    assert why is None or "cannot read the state file" in why
