@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from gpuwatch.groups.grace import GraceSensor
-from gpuwatch.hostside.hostile import SPACE, natural
+from gpuwatch.hostside.hostile import SPACE, NotRegular, natural, read_regular
 from gpuwatch.logs import get_logger
 
 _NAME = re.compile(r"(CPU|SysIO|Module|Grace) Power Socket (0|[1-9][0-9]{0,2})", re.ASCII)  # the kernel's
@@ -87,8 +86,8 @@ class GraceHwmon:
             path = directory / "power1_oem_info"
             try:
                 raw = _small(path)
-            except _NotRegular:
-                self._bad(path, _NOT_REGULAR)
+            except NotRegular:
+                self._bad(path, "not a regular file")
                 return None
             if raw is None:
                 continue
@@ -108,8 +107,8 @@ class GraceHwmon:
     def _microwatts(self, path: Path) -> int | None:
         try:
             raw = _small(path)
-        except _NotRegular:
-            self._bad(path, _NOT_REGULAR)
+        except NotRegular:
+            self._bad(path, "not a regular file")
             return None
         if raw is None:
             self._bad(path, "missing or unreadable")
@@ -140,27 +139,12 @@ class GraceHwmon:
                           hint="the sensor is left out; the node's other Grace sensors are still read")
 
 
-_NOT_REGULAR = "not a regular file"
-
-
-class _NotRegular(Exception):
-    """Something other than a regular file (a FIFO, a socket, a device, a directory) where a sensor file is."""
-
-
 def _small(path: Path) -> bytes | None:
-    """The first bytes of a sysfs file, or None when it cannot be read (absent, EACCES, EIO). Opened without
-    blocking and read only if it is a regular file (every sysfs attribute is): a FIFO's open or read would block
-    the host reader for good, so anything else raises _NotRegular."""
+    """The first bytes of a sysfs file, or None when it cannot be read (absent, EACCES, EIO); NotRegular when it
+    is no regular file (hostile.read_regular)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        return read_regular(path, _MAX_BYTES)
+    except NotRegular:
+        raise
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _NotRegular(str(path))
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(_MAX_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)

@@ -11,7 +11,9 @@ warning per source (a file, a command's answer) per hour, then a summary of how 
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +38,23 @@ def words(text: str) -> list[str]:
 def lines(text: str) -> list[str]:
     """``text`` split at newlines only (``str.splitlines()`` also splits at \\x1c-\\x1e, \\x85, \\u2028...)."""
     return text.split("\n")
+
+
+class NotRegular(OSError):
+    """Something other than a regular file (a FIFO, a socket, a device, a directory) where a file of the kernel's
+    is: every /proc and sysfs attribute is one, and a FIFO's open or read would block the reader for good."""
+
+
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+    """Up to ``limit`` bytes of the regular file ``path``, opened without blocking; NotRegular when it is not a
+    regular file (it is not read), OSError when it cannot be opened or read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(f"{os.fspath(path)} is not a regular file")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
 
 
 def natural(text: str, maximum: int) -> int | None:

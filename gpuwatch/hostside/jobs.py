@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,7 +31,7 @@ import psutil
 
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
-from gpuwatch.hostside.hostile import SPACE, Malformed, natural, shown
+from gpuwatch.hostside.hostile import SPACE, Malformed, NotRegular, natural, read_regular, shown
 from gpuwatch.logs import get_logger
 
 _Cpu = tuple[float, float, float]  # user, system, iowait seconds
@@ -197,8 +196,11 @@ def _io(pid: int, report: Callable[[str, str], None] | None) -> _Io:
     or one that dropped dumpable; empty, or absent: a kernel without the accounting) or when it is malformed
     (then ``report`` is told, naming the file). Raises psutil.NoSuchProcess when the process is gone."""
     path = f"{psutil.PROCFS_PATH}/{pid}/io"
+    raw: bytes | None
     try:
-        raw = _regular_file(path)
+        raw = read_regular(path, _MAX_IO_FILE + 1)
+    except NotRegular:
+        raw = None  # not read: a FIFO would block the reader
     except (FileNotFoundError, ProcessLookupError):
         if not os.path.exists(f"{psutil.PROCFS_PATH}/{pid}/stat"):
             raise psutil.NoSuchProcess(pid) from None
@@ -211,19 +213,6 @@ def _io(pid: int, report: Callable[[str, str], None] | None) -> _Io:
     if io is None and report is not None:
         report(path, why)
     return io
-
-
-def _regular_file(path: str) -> bytes | None:
-    """Up to _MAX_IO_FILE + 1 bytes of ``path``; None when it is not a regular file (a FIFO would block the
-    reader: it is opened without blocking and not read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(_MAX_IO_FILE + 1)
-    finally:
-        os.close(fd)
 
 
 def _parse_io(raw: bytes | None) -> tuple[_Io, str]:
