@@ -89,3 +89,20 @@ def test_pod_directories_are_read_whole(tmp_path):
 def test_the_printable_ascii_job_names_of_the_fakes_still_parse():
     # the kernel's own names: nothing above changes them
     assert words(" ".join(string.ascii_letters)) == list(string.ascii_letters)
+
+
+def test_a_cpu_list_file_with_a_control_character_at_its_end_counts_nothing(tmp_path):
+    """The file reader stripped with str.strip(), which takes \\x1c-\\x1f: "0\\x1f" read as the CPU list "0"."""
+    (tmp_path / "cpuset.cpus.effective").write_text("0\x1f\n")
+    reports: list[str] = []
+    assert JobCgroup("slurm", "1", dirs={"": tmp_path}).cpus(lambda s, r: reports.append(s)) is None
+    assert reports == [str(tmp_path / "cpuset.cpus.effective")]
+
+
+def test_a_fifo_where_a_cgroup_file_is_is_not_read(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "cgroup.procs")  # nobody writes it: a read would block for good
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "cgroup.procs").write_text("7\n")
+    assert JobCgroup("slurm", "1", dirs={"": tmp_path}).pids() == ({7}, 0)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuwatch.attribution import POD_UID
-from gpuwatch.hostside.hostile import SPACE, Report, finite, lines, natural, shown, words
+from gpuwatch.hostside.hostile import SPACE, Report, finite, lines, natural, read_regular, shown, words
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN: char 195:N; 255 is /dev/nvidiactl, 254 /dev/nvidia-modeset
 _GPU_MINORS = range(0, 254)
@@ -179,11 +179,8 @@ def _read(path: Path) -> str | None:
     """A pseudo-file's text (bytes that are not UTF-8 replaced), None when it cannot be read. Only
     regular files: a FIFO or a socket where a file should be would block the read."""
     try:
-        if not path.is_file():
-            return None
-        with open(path, "rb") as f:
-            return f.read(1 << 20).decode(errors="replace").strip()
-    except OSError:
+        return read_regular(path, 1 << 20).decode(errors="replace").strip(SPACE)  # "0\x1f" stays bad
+    except OSError:  # NotRegular too
         return None
 
 

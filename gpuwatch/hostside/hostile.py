@@ -52,7 +52,14 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotRegular(f"{os.fspath(path)} is not a regular file")
-        return os.read(fd, limit)
+        chunks, left = [], limit
+        while left > 0:  # a large seq_file (cgroup.procs) may come in parts
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

@@ -24,7 +24,7 @@ from gpuwatch import scontrol
 from gpuwatch.attribution import user_name
 from gpuwatch.groups.slurm import JobAllocation
 from gpuwatch.hostside.cgroups import MAX_ID, JobCgroup, Scan
-from gpuwatch.hostside.hostile import SPACE, WARN_EVERY, Malformed, natural, shown, words
+from gpuwatch.hostside.hostile import SPACE, WARN_EVERY, Malformed, natural, read_regular, shown, words
 from gpuwatch.hostside.hostile import lines as hostile_lines
 from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import GpuState
@@ -245,10 +245,7 @@ def read_mapping_dir(directory: Path, report: Callable[[str, str], None] | None 
                 report(str(entry), "not a GPU index as dcgm-exporter writes it (a leading zero): the file is skipped")
             continue
         try:
-            if not entry.is_file():  # a FIFO would block the read
-                continue
-            with open(entry, "rb") as f:
-                text = f.read(1 << 20).decode(errors="replace")  # 1 MiB: a job id per line
+            text = read_regular(entry, 1 << 20).decode(errors="replace")  # 1 MiB: a job id per line; no FIFO
         except OSError:
             continue
         # "\n" ends a line and only ASCII whitespace is stripped: splitlines() and strip() would make "42\x1f"
