@@ -171,6 +171,12 @@ class Query(Protocol):
         decoded by its value type; None if the entry failed or was not asked for."""
         ...
 
+    def plausible(self, value: float | int | None, low: float, high: float, what: str) -> float | int | None:
+        """``value`` if it is a finite number from ``low`` to ``high`` (None stays None); else None, counted as
+        the poll's error ``implausible_value`` and logged once per GPU and ``what``: a sentinel (0xFFFFFFFF,
+        -1 in a signed field), NaN or a value beyond physics is left out, never exported."""
+        ...
+
 
 F = TypeVar("F")  # a group's fast reading (its FastSample attribute)
 S = TypeVar("S")  # its slow reading (its SlowSample attribute)

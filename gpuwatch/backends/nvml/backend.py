@@ -43,6 +43,7 @@ class _Gpu:
     events: tuple[tuple[int, str | None, Callable[[str], None] | None], ...] = ()
     cleanups: list[Callable[[], None]] = field(default_factory=list)  # run before NVML shuts down
     lost_while_probing: bool = False  # GPU_IS_LOST at discovery: down until the next discovery
+    implausible: set[str] = field(default_factory=set)  # readings logged as implausible (Query.plausible)
 
 
 class NvmlBackend:
@@ -279,7 +280,7 @@ class NvmlBackend:
         gpu = self._device(uuid)
         if gpu.lost_while_probing:
             raise DeviceLost(uuid, "NVML: GPU is lost (it was lost while gpuwatch probed it at discovery)")
-        q = Query(uuid)
+        q = Query(uuid, gpu.implausible)
         clock = time.perf_counter
         batch_seconds, shares = 0.0, _NO_SHARES
         batch = gpu.batches.get(tier)

@@ -21,6 +21,8 @@ from gpuwatch.groups.base import Unsupported
 from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuIdentity
 
+IMPLAUSIBLE = "implausible_value"  # gpuwatch_poll_errors_total{error}: a reading NVML answered that no GPU can have
+
 
 def stateful(function: str, handle: Any, args: tuple[Any, ...]) -> Any:
     """The funnel's calls that keep state between polls (GPM's sample pair, MIG devices, the fabric
@@ -164,13 +166,35 @@ class Query:
     """groups.base.Query for one poll of one GPU: a lost GPU and lifecycle errors raise, any other error
     leaves the reading out and is remembered (by lowercase name) for gpuwatch_poll_errors_total."""
 
-    __slots__ = ("_uuid", "errors", "_values", "field_errors")
+    __slots__ = ("_uuid", "errors", "_values", "field_errors", "_implausible")
 
-    def __init__(self, uuid: str) -> None:
+    def __init__(self, uuid: str, implausible: set[str] | None = None) -> None:
         self._uuid = uuid
         self.errors: list[str] = []
         self._values: dict[FieldKey, float | int] = {}
         self.field_errors: dict[str, int] = {}  # group -> failed entries of this poll's batch
+        # the GPU's readings already logged as implausible (kept by the backend across polls): logged once each
+        self._implausible = implausible if implausible is not None else set()
+
+    def plausible(self, value: float | int | None, low: float, high: float, what: str) -> float | int | None:
+        """``value`` when it is a finite number from ``low`` to ``high``; else None, the poll's error
+        ``implausible_value`` counted (gpuwatch_poll_errors_total; the group's gpuwatch_collector_success 0) and
+        one ``nvml_reading_implausible`` line per GPU and reading: a sentinel (0xFFFFFFFF), NaN or a value beyond
+        physics is never exported."""
+        if value is None:
+            return None
+        if not isinstance(value, bool) and (type(value) is int or type(value) is float) and low <= value <= high:
+            return value  # NaN fails both comparisons
+        self.errors.append(IMPLAUSIBLE)
+        if what not in self._implausible:
+            self._implausible.add(what)
+            get_logger(component="nvml").warning(
+                "nvml_reading_implausible", reading=what, value=repr(value), uuid=self._uuid,
+                error_detail=f"not a number from {low:g} to {high:g}",
+                hint="the reading is left out while the GPU answers this (counted as implausible_value in "
+                     "gpuwatch_poll_errors_total); check `nvidia-smi -q`, and report the driver version if it "
+                     "shows a sane value")
+        return None
 
     def __call__(self, call: Any) -> Any:
         try:
