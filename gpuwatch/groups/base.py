@@ -32,6 +32,10 @@ FieldKey = int | tuple[int, int]  # a field id (scope 0), or (field id, scopeId)
 
 
 MAX_COUNT = 2**64 - 1  # NVML's widest counter (unsigned long long)
+# The largest value a counter is believed at (Query.plausible): 0xFFFFFFFFFFFFFFFF (and -1 read unsigned) is NVML's
+# "not available"; a real 64-bit count of errors, nanoseconds or bytes does not reach 2**63 in a GPU's life.
+MAX_COUNTER = 2**63 - 1
+MAX_COUNTER32 = 2**32 - 2  # a 32-bit counter: 0xFFFFFFFF is the sentinel
 
 
 def whole(value: float | int | None, maximum: int = MAX_COUNT) -> int | None:
