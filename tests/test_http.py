@@ -238,6 +238,11 @@ def test_the_environ_holds_the_request(echo):
     (b"GET / HTTP/1.1\r\nA: 1\r\n folded\r\n\r\n", b"HTTP/1.0 400 "),
     (b"GET / HTTP/1.1\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(101)) + b"\r\n", b"HTTP/1.0 431 "),
     (b"GET / HTTP/1.1\r\nA: " + b"x" * 70000 + b"\r\n\r\n", b"HTTP/1.0 431 "),
+    # lines within every other limit, over 64 KiB in all (99 lines of 65,000 bytes were 6.5 MB held per
+    # connection before): 431
+    (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: " % i + b"a" * 30000 + b"\r\n" for i in range(3)) + b"\r\n",
+     b"HTTP/1.0 431 "),
+    (b"GET / HTTP/1.1\r\nA: " + b"x" * 40000 + b"\r\nB: " + b"y" * 30000 + b"\r\n\r\n", b"HTTP/1.0 431 "),
     (b"GET /" + b"x" * 70000 + b" HTTP/1.1\r\n\r\n", b"HTTP/1.0 414 "),
     (b"GET / HTTP/2.0\r\n\r\n", b"HTTP/1.0 505 "),
     (b"G(T / HTTP/1.1\r\n\r\n", b"HTTP/1.0 400 "),
@@ -545,3 +550,54 @@ def test_the_body_is_gzip_exactly_when_accept_encoding_allows_it(header, compres
     assert (got["headers"].get("Content-Encoding") == "gzip") is compressed
     text = gzip.decompress(body) if compressed else body
     assert text.startswith(b"# HELP")
+
+
+def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypatch, capsys):
+    """Out of descriptors (EMFILE), socketserver's accept fails silently and the queued connection wakes the
+    loop at once: it spun a CPU without a word. Now each failure pauses the loop (on its wake-up pipe, so a
+    stop still ends it at once) and one warning says why; the connection is served once accept works."""
+    import errno
+    import socketserver
+
+    fails = [OSError(errno.EMFILE, "Too many open files")] * 3
+    real_accept = socketserver.TCPServer.get_request
+
+    def get_request(self):
+        if fails:
+            raise fails.pop()
+        return real_accept(self)
+
+    pauses = []
+
+    class Select:
+        @staticmethod
+        def select(r, w, x, timeout):
+            pauses.append(timeout)
+            return [], [], []
+
+    monkeypatch.setattr(socketserver.TCPServer, "get_request", get_request)
+    monkeypatch.setattr(server, "select", Select)
+    logs.configure("info", "json")
+    app = lambda environ, start_response: server.reply(start_response, "200 OK", b"ok\n")  # noqa: E731
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    try:
+        status, _, body = ask(servers.servers[0].server_address[:2], b"GET / HTTP/1.0\r\n\r\n")
+    finally:
+        servers.close()
+    assert status == b"HTTP/1.0 200 OK" and body == b"ok\n"
+    assert pauses == [server.ACCEPT_BACKOFF_SECONDS] * 3
+    lines = [line for line in capsys.readouterr().err.splitlines() if "http_accept_failed" in line]
+    assert len(lines) == 1 and "Too many open files" in lines[0] and "LimitNOFILE" in lines[0]
+
+
+def test_the_daemon_raises_its_soft_descriptor_limit_to_the_hard_one():
+    """As Go daemons do: systemd's soft 1024 is what four listeners' kept connections take by themselves."""
+    import subprocess
+    import sys
+
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (100, 4096)); "
+            "from gpuwatch.cli.run import raise_descriptor_limit; raise_descriptor_limit(); "
+            "print(*resource.getrlimit(resource.RLIMIT_NOFILE))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["4096", "4096"]

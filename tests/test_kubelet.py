@@ -366,3 +366,35 @@ def test_too_old_protobuf_runtime_is_no_grpcio(sock, fake):  # a kubelet is ther
     done = subprocess.run([sys.executable, "-c", code, sock], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("no_grpcio ") and "VersionError: " in done.stdout
+
+
+def test_an_answer_with_more_device_rows_than_any_node_has_is_an_error(fake, client, monkeypatch):
+    """2,000,000 ids in 14 MiB (under the message limit) made 500 MB of rows: past MAX_ROWS the answer is an
+    error ("error", as any other unusable answer), and the next sane answer is read."""
+    monkeypatch.setattr(kubelet, "MAX_ROWS", 5)
+    ids = [f"GPU-{i:04d}" for i in range(6)]
+    fake.set_pods([{"namespace": "x", "name": "many", "containers": [
+        {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ids}]}]}])
+    err = reason_of(client)
+    assert err.reason == "error" and "more than 5 NVIDIA devices" in err.message
+    fake.set_pods([{"namespace": "x", "name": "few", "containers": [
+        {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": ids[:5] * 3}]}]}])
+    assert [d.device_id for d in client.list_devices()] == ids[:5]  # duplicates are one row each
+
+
+def test_unknown_device_ids_are_remembered_as_logged_not_whole(fake, sock):
+    """A 10 MB unknown device id that changes each read was kept whole in the logged set (up to 64 of them)."""
+    from structlog.testing import capture_logs
+
+    from gpuwatch.hostside import KubeletPods
+
+    pods = KubeletPods(sock, 5.0, [])
+    with capture_logs() as logs:
+        for n in range(3):
+            fake.set_pods([{"namespace": "x", "name": "p", "containers": [
+                {"name": "c", "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": [f"GPU-{n}" + "z" * 100_000]}]}]}])
+            assert pods.read([]) == ((), False)  # incomplete: a GPU without a pod is unknown, not free
+    pods.close()
+    shown = [e["device_id"] for e in logs if e["event"] == "kubelet_device_unknown"]
+    assert len(shown) == 3 and all(len(d) == 200 for d in shown)
+    assert all(len(d) <= 200 for d in pods._unknown_logged)

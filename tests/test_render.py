@@ -447,3 +447,12 @@ def test_a_gpu_numbered_anew_is_rendered_with_its_new_index():
     after = exposition.render()[0].decode()
     assert 'gpuwatch_temperature_celsius{gpu="3",sensor="gpu",uuid="GPU-11111111' in after
     assert 'gpu="0"' not in after
+
+
+def test_label_values_sort_as_numbers_only_when_they_are_short_ascii_digits():
+    """A label value str.isdigit() takes and int() refuses ("²", 5000 digits: a pod or job name) made every
+    scrape a 500: such values sort as text, after the numbers; numbers still sort numerically."""
+    from gpuwatch.exporter.render import _sort_key
+
+    values = ["10", "9", "²", "9" * 5000, "a", "0"]
+    assert sorted(values, key=lambda v: _sort_key((v,))) == ["0", "9", "10", "9" * 5000, "a", "²"]

@@ -75,6 +75,20 @@ def _tune_gc() -> None:
 STATUS_SECONDS = 5.0
 
 
+def raise_descriptor_limit() -> None:
+    """The soft limit of open descriptors up to the hard one, as the Go runtime does for node_exporter and
+    Prometheus: systemd's soft 1024 is what 4 listeners' kept connections (256 each) take by themselves."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, 1 << 20), hard))
+        except (OSError, ValueError):
+            pass  # not allowed here: the accept loop copes (http_accept_failed)
+
+
 def _idle_seconds(notifier: Notifier) -> float | None:
     """How long the main loop sleeps once ready when no signal comes: until its next duty, the STATUS=
     line and the watchdog's ping (at half its period, looked at every quarter); without systemd's
@@ -109,6 +123,7 @@ def run_command(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_requested.set())
+    raise_descriptor_limit()
     try:
         bound = agent.serve()
     except ConfigError as exc:  # the web config file changed between the check at start and now

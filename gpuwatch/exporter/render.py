@@ -30,7 +30,8 @@ from gpuwatch.model import GpuState, NodeSnapshot, fresh
 
 
 def _sort_key(values: LabelValues) -> tuple[tuple[int, int, str], ...]:
-    return tuple((0, int(v), "") if v.isdigit() else (1, 0, v) for v in values)
+    # numbers numerically: ASCII digits only, and short (int() refuses "²", which isdigit() takes, and 4300 digits)
+    return tuple((0, int(v), "") if v.isascii() and v.isdigit() and len(v) < 20 else (1, 0, v) for v in values)
 
 
 def _escape(text: str) -> str:

@@ -79,9 +79,10 @@ class KubeletPods:
                 found.append(PodAllocation(owner[0], d.namespace, d.pod, d.container, owner[1]))
             else:
                 complete = False
-                if d.device_id not in self._unknown_logged and len(self._unknown_logged) < 64:
-                    self._unknown_logged.add(d.device_id)
-                    self._log.warning("kubelet_device_unknown", device_id=d.device_id[:200], resource=d.resource[:200],
+                shown_id = d.device_id[:200]  # kept as logged: a 10 MB id that changes each read held 640 MB here
+                if shown_id not in self._unknown_logged and len(self._unknown_logged) < 64:
+                    self._unknown_logged.add(shown_id)
+                    self._log.warning("kubelet_device_unknown", device_id=shown_id, resource=d.resource[:200],
                                       hint="a device the kubelet allocated names no GPU gpuwatch knows (a MIG "
                                            "device with --no-collector.mig?): GPUs without a pod read as unknown")
         return tuple(dict.fromkeys(found)), complete

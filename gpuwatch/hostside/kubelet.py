@@ -104,9 +104,15 @@ def strip_sharing_suffix(device_id: str) -> str:
     return _SHARING_SUFFIX.sub("", device_id)
 
 
+# NVIDIA device rows an answer may hold: a node has at most a few hundred GPUs and MIG devices, each shared by
+# at most a few dozen containers; 2,000,000 ids in 14 MiB (under MAX_MESSAGE_BYTES) made 500 MB of rows
+MAX_ROWS = 100_000
+
+
 def devices_from_response(response: Any) -> list[PodDevice]:
     """The NVIDIA devices of a ``ListPodResourcesResponse``, in the kubelet's order, without duplicates (two
-    replicas of one shared GPU in one container are one row)."""
+    replicas of one shared GPU in one container are one row). KubeletUnavailable ("error") past MAX_ROWS rows:
+    no node has them, and their memory would end the daemon."""
     seen: set[PodDevice] = set()
     out: list[PodDevice] = []
     for pod in response.pod_resources:
@@ -118,6 +124,10 @@ def devices_from_response(response: Any) -> list[PodDevice]:
                 for device_id in devices.device_ids:
                     row = PodDevice(pod.namespace, pod.name, container.name, resource, strip_sharing_suffix(device_id))
                     if row not in seen:
+                        if len(out) >= MAX_ROWS:
+                            raise KubeletUnavailable(
+                                "error", f"the kubelet's answer lists more than {MAX_ROWS} NVIDIA devices",
+                                "no node has that many: is something other than the kubelet on the socket?")
                         seen.add(row)
                         out.append(row)
     return out

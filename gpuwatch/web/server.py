@@ -13,6 +13,7 @@ malformed request or a client that goes away is a debug event, never a traceback
 
 from __future__ import annotations
 
+import select
 import selectors
 import socket
 import sys
@@ -101,6 +102,9 @@ PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=
 # thread start (about 0.3 ms of CPU on the bench's VM, a third of a scrape's overhead besides the render); a
 # burst of more connections than that gets threads of its own, as many as it needs, which end with them.
 KEPT_WORKERS = 4
+
+
+ACCEPT_BACKOFF_SECONDS = 0.1  # the accept loop's pause after accept() failed (EMFILE): not a spin, soon again
 
 
 class _Log:
@@ -253,11 +257,27 @@ class _Server(ThreadingMixIn, TCPServer):
                         if key.fileobj is wake_r:
                             return
                         self._handle_request_noblock()  # type: ignore[attr-defined]  # socketserver's own step
+                        if self._accept_failed:  # out of descriptors: the connection stays queued, the socket
+                            self._accept_failed = False  # readable; without a pause this loop spins a CPU
+                            if wake_r in select.select([wake_r], [], [], ACCEPT_BACKOFF_SECONDS)[0]:
+                                return
         finally:
             wake_r.close()
 
     _stopping = False
     _wake_w: socket.socket | None = None
+    _accept_failed = False
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:  # socketserver drops it silently: the queued connection wakes the loop at once
+            self._accept_failed = True
+            self._refused.log("warning", "http_accept_failed", ("accept", exc.errno), error=reason(exc),
+                              hint="gpuwatch cannot accept connections: out of file descriptors (raise the unit's "
+                                   "LimitNOFILE) or of memory; it retries every "
+                                   f"{ACCEPT_BACKOFF_SECONDS:g} s")
+            raise
 
     def stop(self) -> None:
         """Ends ``serve`` from another thread, the kept threads that wait and the connections kept open."""
