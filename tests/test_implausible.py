@@ -34,3 +34,10 @@ def test_a_value_beyond_its_bounds_is_left_out_counted_and_logged_once_per_gpu_a
 def test_none_stays_none_without_an_error():
     q = Query("GPU-1")
     assert q.plausible(None, 0, 1, "x") is None and q.errors == []
+
+
+@pytest.mark.parametrize("value,kept", [(3, 3), (3.0, 3.0), (1.5, None), (math.nan, None), (2**40, None)])
+def test_a_whole_reading_is_whole_never_truncated(value, kept):
+    q = Query("GPU-1")
+    assert q.plausible(value, 0, 2**32, "count", whole=True) == kept
+    assert q.errors == ([] if kept is not None else [IMPLAUSIBLE])

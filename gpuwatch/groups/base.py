@@ -50,6 +50,13 @@ def whole(value: float | int | None, maximum: int = MAX_COUNT) -> int | None:
     return value if 0 <= value <= maximum else None
 
 
+def counted(q: Query, value: float | int | None, high: int, what: str) -> int | None:
+    """``value`` as a count or a flag 0..``high`` (``Query.plausible`` with ``whole``): an int, or None (a sentinel,
+    a negative, NaN, a fraction: left out, counted and logged by the query)."""
+    value = q.plausible(value, 0, high, what, whole=True)
+    return None if value is None else int(value)
+
+
 @dataclass(frozen=True)
 class Spec:
     """One metric family: the public contract (shared/metrics.md, docs/metrics.md)."""
@@ -175,8 +182,10 @@ class Query(Protocol):
         decoded by its value type; None if the entry failed or was not asked for."""
         ...
 
-    def plausible(self, value: float | int | None, low: float, high: float, what: str) -> float | int | None:
-        """``value`` if it is a finite number from ``low`` to ``high`` (None stays None); else None, counted as
+    def plausible(self, value: float | int | None, low: float, high: float, what: str,
+                  whole: bool = False) -> float | int | None:
+        """``value`` if it is a finite number from ``low`` to ``high`` (None stays None; ``whole``: and a whole
+        number, for a count or a flag, never truncated); else None, counted as
         the poll's error ``implausible_value`` and logged once per GPU and ``what``: a sentinel (0xFFFFFFFF,
         -1 in a signed field), NaN or a value beyond physics is left out, never exported."""
         ...

@@ -14,6 +14,11 @@ counter there, 75 is not read (the same counter twice). On a branch newer than t
 whose id does not answer an unsigned 64-bit value is left out (logged once), never read as time.
 The other perf-policy counters (board_limit 77, low_utilization 78, reliability 79) come with
 ``--collector.clocks.policy-counters``.
+
+Every value passes ``Query.plausible`` before it is converted: a clock outside 0..100000 MHz (0xFFFFFFFF
+is NVML's "not available"), a time counter outside 0..MAX_COUNTER ns (2**64-1, -1 in a signed field, NaN)
+or a reason mask of all ones (NVML's "not available", not every reason at once) is left out, counted
+(implausible_value) and logged once; the group's other readings stay.
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpuwatch.groups import fieldids
-from gpuwatch.groups.base import Call, Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import MAX_COUNTER, Call, Device, Emit, G, Group, Query, Spec
 
 CLOCKS: tuple[str, ...] = ("graphics", "sm", "memory", "video")
 _CLOCK_TYPES = {"graphics": 0, "sm": 1, "memory": 2, "video": 3}  # nvmlClockType_t
 _FAST_CLOCKS = ("graphics", "sm", "memory")  # the video clock is read in the slow tier
+MAX_CLOCK_MHZ = 100_000  # no GPU clock reaches 100 GHz: above it (0xFFFFFFFF) is a sentinel, left out
+# the clock-event reason mask: all 64 bits set is NVML's "not available"; other unknown bits are new reasons
+_MAX_REASONS = 2**64 - 2
 
 # Clock-event (throttle) reason bits, as in nvml.h (nvmlClocksEventReason*).
 CLOCKS_EVENT_REASON_BITS: Mapping[str, int] = {
@@ -98,13 +106,14 @@ class ClockLimits:
 
 class Nvml:
     def __init__(self, dev: Device) -> None:
-        def clocks(function: str, names: tuple[str, ...]) -> tuple[tuple[str, Call], ...]:
+        def clocks(function: str, names: tuple[str, ...], kind: str) -> tuple[tuple[str, Call, str], ...]:
             calls = ((name, dev.call(function, _CLOCK_TYPES[name])) for name in names)
-            return tuple((name, call) for name, call in calls if dev.supported(call))
+            # (name, call, the reading's name for Query.plausible)
+            return tuple((name, call, f"{name} {kind}") for name, call in calls if dev.supported(call))
 
-        self.clocks = clocks("nvmlDeviceGetClockInfo", _FAST_CLOCKS)
-        self.video = clocks("nvmlDeviceGetClockInfo", ("video",))
-        self.max_clocks = clocks("nvmlDeviceGetMaxClockInfo", CLOCKS)
+        self.clocks = clocks("nvmlDeviceGetClockInfo", _FAST_CLOCKS, "clock")
+        self.video = clocks("nvmlDeviceGetClockInfo", ("video",), "clock")
+        self.max_clocks = clocks("nvmlDeviceGetMaxClockInfo", CLOCKS, "max clock")
         self.reasons = dev.first(dev.call("nvmlDeviceGetCurrentClocksEventReasons"),
                                  dev.call("nvmlDeviceGetCurrentClocksThrottleReasons"))
         self.supported_reasons = 0
@@ -132,33 +141,36 @@ class Nvml:
             counters.append((fid, reason))
         if not any(reason == "sw_thermal_slowdown" for _, reason in counters) and dev.has_field(_THERMAL):
             counters.append((_THERMAL, _LEGACY_THERMAL[_THERMAL]))
-        self.counters = tuple((fid, reason) for fid, reason in counters if dev.field(fid, "fast"))
+        # (field id, reason, the reading's name for Query.plausible)
+        self.counters = tuple((fid, reason, f"{reason} throttle time") for fid, reason in counters
+                              if dev.field(fid, "fast"))
         dev.feature("clocks_event_reasons", self.reasons is not None)
         dev.feature("clocks_event_time", bool(self.counters))
 
     def read_fast(self, q: Query) -> Clocks:
+        plausible = q.plausible
         hertz = {}
-        for name, call in self.clocks:
-            mhz = q(call)
+        for name, call, what in self.clocks:
+            mhz = plausible(q(call), 0, MAX_CLOCK_MHZ, what)
             if mhz is not None:
                 hertz[name] = mhz * 1e6
         active: Mapping[str, bool] = {}
         if self.reasons is not None:
-            mask = q(self.reasons)
+            mask = plausible(q(self.reasons), 0, _MAX_REASONS, "clocks event reasons")
             if mask is not None:
                 active = decode_clocks_event_reasons(int(mask), self.supported_reasons)
         seconds = {}
-        for fid, reason in self.counters:
-            ns = q.field(fid)
+        for fid, reason, what in self.counters:
+            ns = plausible(q.field(fid), 0, MAX_COUNTER, what)
             if ns is not None:
                 seconds[reason] = ns / 1e9
         return Clocks(hertz, active, seconds)
 
     def read_slow(self, q: Query) -> ClockLimits:
-        def read(calls: tuple[tuple[str, Call], ...]) -> dict[str, float]:
+        def read(calls: tuple[tuple[str, Call, str], ...]) -> dict[str, float]:
             out = {}
-            for name, call in calls:
-                mhz = q(call)
+            for name, call, what in calls:
+                mhz = q.plausible(q(call), 0, MAX_CLOCK_MHZ, what)
                 if mhz is not None:
                     out[name] = mhz * 1e6
             return out

@@ -2,7 +2,10 @@
 
 Slow tier, all from the tier's one field-values batch: ECC totals (fields 3-6), row remapping
 (142-145, Ampere and newer), pending page retirement (31, Volta and older). These are facts the
-driver counts, not measurements: the rules fire on the first poll that shows them.
+driver counts, not measurements: the rules fire on the first poll that shows them. So every value
+passes ``Query.plausible`` first: an ECC count outside 0..MAX_COUNTER (2**64-1, -1 in a signed field), a
+remapped-row count outside 0..MAX_COUNTER32 (0xFFFFFFFF), a flag other than 0 or 1, NaN or a fraction is
+left out (no rule fires on it), counted (implausible_value) and logged once; the other readings stay.
 """
 
 from __future__ import annotations
@@ -10,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import MAX_COUNTER, MAX_COUNTER32, Device, Emit, G, Group, Query, Spec, counted
 
 _ECC = {3: ("corrected", "volatile"), 4: ("uncorrected", "volatile"),
         5: ("corrected", "aggregate"), 6: ("uncorrected", "aggregate")}  # NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL
 _REMAP = {142: "correctable", 143: "uncorrectable"}  # NVML_FI_DEV_REMAPPED_COR / _UNC
 _REMAP_PENDING, _REMAP_FAILED, _RETIRED_PENDING = 144, 145, 31
+_ECC_NAMES = {fid: f"ECC {e} {c}" for fid, (e, c) in _ECC.items()}  # the readings' names (Group.fields, plausible)
+_REMAP_NAMES = {fid: f"{k} remapped rows" for fid, k in _REMAP.items()}
+_FLAGS = {_REMAP_PENDING: "remap pending", _REMAP_FAILED: "remap failure", _RETIRED_PENDING: "retirement pending"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +49,13 @@ class Nvml:
 
     def read_slow(self, q: Query) -> Ecc:
         def flag(fid: int, wanted: bool) -> bool | None:
-            value = q.field(fid) if wanted else None
+            value = counted(q, q.field(fid), 1, _FLAGS[fid]) if wanted else None
             return None if value is None else bool(value)
 
-        ecc = {key: int(v) for fid, key in self.ecc if (v := q.field(fid)) is not None}
-        remap = {key: int(v) for fid, key in self.remap if (v := q.field(fid)) is not None}
+        ecc = {key: n for fid, key in self.ecc
+               if (n := counted(q, q.field(fid), MAX_COUNTER, _ECC_NAMES[fid])) is not None}
+        remap = {key: n for fid, key in self.remap
+                 if (n := counted(q, q.field(fid), MAX_COUNTER32, _REMAP_NAMES[fid])) is not None}
         return Ecc(ecc, remap, flag(_REMAP_PENDING, self.pending), flag(_REMAP_FAILED, self.failed),
                    flag(_RETIRED_PENDING, self.retired))
 
@@ -70,9 +78,7 @@ GROUP = Group(
     features=("ecc", "remapped_rows", "retired_pages"),
     slow="ecc",
     nvml=Nvml,
-    fields={**{fid: f"ECC {e} {c}" for fid, (e, c) in _ECC.items()},
-            **{fid: f"{k} remapped rows" for fid, k in _REMAP.items()},
-            _REMAP_PENDING: "remap pending", _REMAP_FAILED: "remap failure", _RETIRED_PENDING: "retirement pending"},
+    fields={fid: name for names in (_ECC_NAMES, _REMAP_NAMES, _FLAGS) for fid, name in names.items()},
     render=render,
     specs=(
         Spec("gpuwatch_ecc_errors_total", "counter", G + ("error", "counter"),

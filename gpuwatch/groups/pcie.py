@@ -2,6 +2,9 @@
 
 Slow tier: nvmlDeviceGetCurr/MaxPcieLinkGeneration and Width; the replay counter from field 94.
 Idle GPUs downshift their link on purpose: the rules only look at a link that is slow while busy.
+Each value passes ``Query.plausible`` on its own: a generation outside 0..16, a width outside 0..64 lanes or a
+replay count outside 0..MAX_COUNTER32 (0xFFFFFFFF is NVML's "not available"), NaN or a fraction is left out,
+counted (implausible_value) and logged once; the other readings stay.
 """
 
 from __future__ import annotations
@@ -9,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import MAX_COUNTER32, Device, Emit, G, Group, Query, Spec, counted
 
 _REPLAYS = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+_HIGH = {"generation": 16, "width": 64}  # the largest plausible link generation and width (lanes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +28,13 @@ class Pcie:
 class Nvml:
     def __init__(self, dev: Device) -> None:
         self.link = dev.supported(dev.call("nvmlDeviceGetCurrPcieLinkGeneration"))
-        self.calls = tuple((target, link, dev.call(function)) for target, link, function in (
-            ("generation", "current", "nvmlDeviceGetCurrPcieLinkGeneration"),
-            ("width", "current", "nvmlDeviceGetCurrPcieLinkWidth"),
-            ("generation", "max", "nvmlDeviceGetMaxPcieLinkGeneration"),
-            ("width", "max", "nvmlDeviceGetMaxPcieLinkWidth"))) if self.link else ()
+        links = (("generation", "current", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                 ("width", "current", "nvmlDeviceGetCurrPcieLinkWidth"),
+                 ("generation", "max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                 ("width", "max", "nvmlDeviceGetMaxPcieLinkWidth")) if self.link else ()
+        # (generation | width, current | max, the call, its bound, the reading's name for Query.plausible)
+        self.calls = tuple((target, link, dev.call(function), _HIGH[target], f"PCIe {link} link {target}")
+                           for target, link, function in links)
         self.replays = dev.field(_REPLAYS, "slow")
         dev.feature("pcie", self.link)
 
@@ -38,12 +44,12 @@ class Nvml:
     def read_slow(self, q: Query) -> Pcie:
         generation: dict[str, int] = {}
         width: dict[str, int] = {}
-        for target, link, call in self.calls:
-            value = q(call)
+        for target, link, call, high, what in self.calls:
+            value = counted(q, q(call), high, what)
             if value is not None:
-                (generation if target == "generation" else width)[link] = int(value)
-        replays = q.field(_REPLAYS) if self.replays else None
-        return Pcie(generation, width, None if replays is None else int(replays))
+                (generation if target == "generation" else width)[link] = value
+        replays = counted(q, q.field(_REPLAYS), MAX_COUNTER32, "PCIe replays") if self.replays else None
+        return Pcie(generation, width, replays)
 
 
 def render(emit: Emit, fast: None, slow: Pcie | None) -> None:

@@ -176,21 +176,25 @@ class Query:
         # the GPU's readings already logged as implausible (kept by the backend across polls): logged once each
         self._implausible = implausible if implausible is not None else set()
 
-    def plausible(self, value: float | int | None, low: float, high: float, what: str) -> float | int | None:
-        """``value`` when it is a finite number from ``low`` to ``high``; else None, the poll's error
+    def plausible(self, value: float | int | None, low: float, high: float, what: str,
+                  whole: bool = False) -> float | int | None:
+        """``value`` when it is a finite number from ``low`` to ``high`` (``whole``: and a whole number, as a
+        count or a flag is: a fraction is not truncated); else None, the poll's error
         ``implausible_value`` counted (gpuwatch_poll_errors_total; the group's gpuwatch_collector_success 0) and
         one ``nvml_reading_implausible`` line per GPU and reading: a sentinel (0xFFFFFFFF), NaN or a value beyond
         physics is never exported."""
         if value is None:
             return None
-        if not isinstance(value, bool) and (type(value) is int or type(value) is float) and low <= value <= high:
-            return value  # NaN fails both comparisons
+        kind = type(value)
+        if (kind is int or kind is float) and low <= value <= high and (
+                not whole or kind is int or value.is_integer()):  # type: ignore[union-attr]
+            return value  # NaN fails both comparisons; a bool is not an int here (type(), not isinstance)
         self.errors.append(IMPLAUSIBLE)
         if what not in self._implausible:
             self._implausible.add(what)
             get_logger(component="nvml").warning(
                 "nvml_reading_implausible", reading=what, value=repr(value), uuid=self._uuid,
-                error_detail=f"not a number from {low:g} to {high:g}",
+                error_detail=f"not a {'whole ' if whole else ''}number from {low:g} to {high:g}",
                 hint="the reading is left out while the GPU answers this (counted as implausible_value in "
                      "gpuwatch_poll_errors_total); check `nvidia-smi -q`, and report the driver version if it "
                      "shows a sane value")
