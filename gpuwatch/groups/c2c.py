@@ -15,6 +15,10 @@ poll reads, in the tier's one field-values batch (no call of its own):
   read them as device fields: asking every link's scope could count one total once per link where
   NVML ignores the scope, so they are read once.
 
+Each value is checked (``Query.plausible``): a link's maximum bandwidth from 0 to 10**9 MB/s (1 PB/s; the field's
+unit, 0xFFFFFFFF is NVML's "not available"), an error counter a whole number from 0 to MAX_COUNTER (2**63-1);
+anything else is left out, counted as ``implausible_value`` and logged once per GPU and reading.
+
 The rule c2c_link_down reads the link states. On a C2C GPU the GPU's energy counter
 (gpuwatch_energy_joules_total) covers the whole module, not the GPU alone (the power group,
 docs/metrics.md). C2C is a class of hardware: its feature series (``c2c``) and its families exist only on
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, Unsupported, whole
+from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, G, Group, Query, Spec, Unsupported, counted
 from gpuwatch.groups.power import MODULE_POWER
 from gpuwatch.logs import get_logger
 
@@ -38,6 +42,7 @@ _POWER_STATE = 234  # scope = link: NVML_C2C_POWER_STATE_FULL_POWER 0, _LOW_POWE
 ERRORS: Mapping[str, int] = {"crc": 231, "replay": 232, "replay_b2b": 233}
 MAX_LINKS = 32  # more than any Grace-coupled GPU has; a larger count is garbage and is capped
 _LOW_POWER = 1
+MAX_BANDWIDTH_MBPS = 10**9  # a link's largest plausible maximum bandwidth, in the field's MB/s (1 PB/s)
 _MODULE_POWER = MODULE_POWER  # the power group's key: field 185 with scopeId NVML_POWER_SCOPE_MODULE
 
 
@@ -69,7 +74,9 @@ class Nvml:
         self.power_state = tuple(link for link in self.links
                                  if (_POWER_STATE, link) in answered and dev.field((_POWER_STATE, link), "slow"))
         errors = dev.values(ERRORS.values()) if on else {}
-        self.errors = tuple((name, fid) for name, fid in ERRORS.items() if fid in errors and dev.field(fid, "slow"))
+        # (error kind, field id, the reading's name for Query.plausible)
+        self.errors = tuple((name, fid, f"c2c_{name}_errors") for name, fid in ERRORS.items()
+                            if fid in errors and dev.field(fid, "slow"))
         # the feature is the hardware: C2C mode on (or links counted); links that cannot be read are said once
         dev.feature("c2c", True if on else (False if enabled is True or links else None))
         if (enabled is True or links) and not on:
@@ -100,14 +107,21 @@ class Nvml:
             state = q.field((_POWER_STATE, link))
             if state is not None:
                 low[self.names[link]] = state == _LOW_POWER
-        bandwidth = {}
+        bandwidth: dict[str, float] = {}
         for link in self.bandwidth:
-            mbps = q.field((_MAX_BW, link))
-            if mbps is not None and up.get(self.names[link]):  # "for active links": an inactive one's is meaningless
-                bandwidth[self.names[link]] = float(mbps) * 1e6
+            if not up.get(self.names[link]):  # "for active links": an inactive one's is meaningless (not checked)
+                continue
+            raw = q.field((_MAX_BW, link))
+            if raw is None:
+                continue
+            mbps = q.plausible(raw, 0, MAX_BANDWIDTH_MBPS, "c2c_max_bandwidth")
+            if mbps is None:  # the gauge sums the active links: without one it would read as a link down
+                bandwidth = {}
+                break
+            bandwidth[self.names[link]] = float(mbps) * 1e6
         errors = {}
-        for name, fid in self.errors:
-            value = whole(q.field(fid))
+        for name, fid, what in self.errors:
+            value = counted(q, q.field(fid), MAX_COUNTER, what)
             if value is not None:
                 errors[name] = value
         return C2c(up, low, bandwidth, errors, self.at_discovery)

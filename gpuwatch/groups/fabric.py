@@ -14,7 +14,9 @@ system the fabric manager registers every GPU at boot; until the state is "compl
 success, CUDA fails with "system not yet initialized" (the classic HGX failure: nvidia-fabricmanager
 is not running). PCIe cards answer NOT_SUPPORTED (or the state NOT_SUPPORTED): no fabric (no series, no
 feature series: a class of hardware), never
-called again.
+called again. A state or health summary NVML does not define (a newer driver's, or garbage) is counted as
+``implausible_value`` (``Query.plausible``, readings fabric_state and fabric_health) and logged once per GPU, not
+silently dropped: no gpuwatch_fabric_state series (or no summary) while the GPU answers it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 
 STATES: Mapping[int, str] = {1: "not_started", 2: "in_progress", 3: "completed"}  # 0: not supported
+_NOT_SUPPORTED = 0  # the state's and the health summary's "not supported" (absent, not implausible)
 # health-mask fields (NVML_GPU_FABRIC_HEALTH_MASK_*): issue -> shift; 2 bits each, 1 = true, 2 = false,
 # 0 = not supported by this GPU or driver (absent)
 HEALTH: Mapping[str, int] = {"degraded_bandwidth": 0, "route_recovery": 2, "route_unhealthy": 4,
@@ -74,7 +77,10 @@ class Nvml:
         info = q(self.info) if self.info is not None else None
         if info is None:
             return Fabric()
-        state = STATES.get(info["state"])
+        raw = info["state"]
+        state = STATES.get(raw)
+        if state is None and raw != _NOT_SUPPORTED:  # an enum value NVML does not define: no state, counted
+            q.plausible(raw, 0, max(STATES), "fabric_state")
         mask = info.get("health_mask")
         health = {}
         configuration = None
@@ -86,9 +92,12 @@ class Nvml:
             config = (mask >> _CONFIG_SHIFT) & _CONFIG_WIDTH
             if config:
                 configuration = CONFIGURATION.get(config, f"unknown ({config})")
+        raw_summary = info.get("health_summary") or _NOT_SUPPORTED
+        summary = SUMMARIES.get(raw_summary)
+        if summary is None and raw_summary != _NOT_SUPPORTED:  # as the state's
+            q.plausible(raw_summary, 0, max(SUMMARIES), "fabric_health")
         return Fabric(state, info["status"] if state == "completed" else None, health,
-                      _uuid(info["cluster_uuid"]), int(info["clique_id"]),
-                      SUMMARIES.get(info.get("health_summary") or 0), configuration)
+                      _uuid(info["cluster_uuid"]), int(info["clique_id"]), summary, configuration)
 
 
 def render(emit: Emit, fast: None, slow: Fabric | None) -> None:

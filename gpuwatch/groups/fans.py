@@ -2,13 +2,20 @@
 
 Fast tier: nvmlDeviceGetNumFans once, then per fan nvmlDeviceGetFanSpeed_v2, GetTargetFanSpeed and
 GetFanSpeedRPM (the funnel's versioned struct for any fan; pynvml's wrapper asks for fan 0 only).
+A speed or target beyond 0..200 % or an RPM beyond 0..100000 is left out and counted (Query.plausible);
+a fan count beyond 32 is capped (logged once).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwatch.groups.base import Call, Device, Emit, G, Group, Query, Spec, Unsupported
+from gpuwatch.groups.base import Call, Device, Emit, G, Group, Query, Spec, Unsupported, whole
+
+MAX_FANS = 32  # more than any board has: a larger count is garbage, capped (as NVLink's link count)
+# What a fan can read (Query.plausible); beyond it (0xFFFFFFFF, 255 %) a reading is left out and counted
+_MAX_PERCENT = 200  # speed and target: NVML documents that the speed may exceed 100 %
+_MAX_RPM = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,28 +32,35 @@ Fans = tuple[FanReading, ...]
 class Nvml:
     def __init__(self, dev: Device) -> None:
         try:
-            count = int(dev.probe(dev.call("nvmlDeviceGetNumFans")) or 0)
+            answered = dev.probe(dev.call("nvmlDeviceGetNumFans"))
         except Unsupported:
-            count = 0
-        if count and not dev.supported(dev.call("nvmlDeviceGetFanSpeed_v2", 0)):
-            count = 0
-        target = count > 0 and dev.supported(dev.call("nvmlDeviceGetTargetFanSpeed", 0))
-        rpm = count > 0 and dev.supported(dev.call("nvmlDeviceGetFanSpeedRPM", 0))
-        self.fans: tuple[tuple[int, Call, Call | None, Call | None], ...] = tuple(
+            answered = 0
+        count = whole(answered) or 0
+        if count > MAX_FANS:  # garbage (0xFFFFFFFF would build 4e9 readers): the fans that answer of the first 32
+            dev.reject("fan_count", f"nvmlDeviceGetNumFans answered {answered!r}; at most {MAX_FANS} fans are probed")
+            fans = tuple(i for i in range(MAX_FANS) if dev.supported(dev.call("nvmlDeviceGetFanSpeed_v2", i)))
+        else:
+            fans = tuple(range(count)) if count and dev.supported(dev.call("nvmlDeviceGetFanSpeed_v2", 0)) else ()
+        first = fans[0] if fans else 0
+        target = bool(fans) and dev.supported(dev.call("nvmlDeviceGetTargetFanSpeed", first))
+        rpm = bool(fans) and dev.supported(dev.call("nvmlDeviceGetFanSpeedRPM", first))
+        self.fans: tuple[tuple[int, Call, Call | None, Call | None, tuple[str, str, str]], ...] = tuple(
             (i, dev.call("nvmlDeviceGetFanSpeed_v2", i),
              dev.call("nvmlDeviceGetTargetFanSpeed", i) if target else None,
-             dev.call("nvmlDeviceGetFanSpeedRPM", i) if rpm else None)
-            for i in range(count))
-        dev.feature("fan", count > 0)
+             dev.call("nvmlDeviceGetFanSpeedRPM", i) if rpm else None,
+             (f"fan_speed{{fan={i}}}", f"fan_target_speed{{fan={i}}}", f"fan_speed_rpm{{fan={i}}}"))
+            for i in fans)
+        dev.feature("fan", bool(fans))
         dev.feature("fan_target", target)
         dev.feature("fan_rpm", rpm)
 
     def read_fast(self, q: Query) -> Fans:
+        plausible = q.plausible
         fans = []
-        for i, speed_call, target_call, rpm_call in self.fans:
-            speed = q(speed_call)
-            target = q(target_call) if target_call is not None else None
-            rpm = q(rpm_call) if rpm_call is not None else None
+        for i, speed_call, target_call, rpm_call, (speed_what, target_what, rpm_what) in self.fans:
+            speed = plausible(q(speed_call), 0, _MAX_PERCENT, speed_what)
+            target = plausible(q(target_call), 0, _MAX_PERCENT, target_what) if target_call is not None else None
+            rpm = plausible(q(rpm_call), 0, _MAX_RPM, rpm_what) if rpm_call is not None else None
             fans.append(FanReading(i, None if speed is None else speed / 100.0,
                                    None if target is None else target / 100.0, None if rpm is None else float(rpm)))
         return tuple(fans)

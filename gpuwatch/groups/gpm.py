@@ -10,6 +10,11 @@ absent, the others stay). The ratios are the averages over the last fast interva
 counters are integrated from the GPM rates (MiB/s x seconds between the samples) and start at zero
 when gpuwatch discovers the GPU.
 
+Each value is checked (``Query.plausible``): a percentage from 0 to 105 (GPM's sampling overshoots 100 a little:
+exported as it is, up to 1.05), a rate finite from 0 to 10**13 bytes/s; anything else (NaN, an infinity, a sentinel)
+is left out, counted as ``implausible_value`` and logged once per GPU and reading. Only a plausible rate is
+integrated: a PCIe counter skips that interval and is left out for that poll (it never becomes +Inf).
+
 GPM and DCGM's profiling module (dcgm-exporter's DCGM_FI_PROF_* fields) or Nsight Compute / CUPTI
 read the same hardware counters: run one of them. Switch GPM off here with ``--no-collector.gpm``
 on nodes where DCGM profiling or Nsight runs (docs/groups.md).
@@ -37,6 +42,13 @@ _PCIE: Mapping[str, int] = {"tx": 20, "rx": 21}
 METRICS: tuple[int, ...] = (_SM_ACTIVE, PIPES["tensor"], _DRAM, *_PCIE.values())
 DETAIL: tuple[int, ...] = (_SM_OCCUPANCY, _GRAPHICS, *(m for p, m in PIPES.items() if p != "tensor"))
 _MIB = 1024 * 1024
+MAX_PERCENT = 105.0  # the largest plausible GPM percentage (sampling overshoots 100 slightly)
+MAX_RATE = 1e13  # the largest plausible rate, bytes/s (10 TB/s)
+_MAX_PCIE_MIBPS = MAX_RATE / _MIB  # the same in GPM's PCIe unit, MiB/s
+# the readings' names for Query.plausible
+_WHAT = {_SM_ACTIVE: "gpm_sm_active", _SM_OCCUPANCY: "gpm_sm_occupancy", _GRAPHICS: "gpm_graphics_engine_active",
+         _DRAM: "gpm_dram_bandwidth", **{m: f"gpm_{p}_pipe_active" for p, m in PIPES.items()},
+         **{m: f"gpm_pcie_{d}_rate" for d, m in _PCIE.items()}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,26 +93,30 @@ class Nvml:
         if got is None:  # no GPM, failed (counted), or the first sample of a new pair
             return _NOTHING
         values, seconds = got
-        pcie = self.pcie
+        plausible = q.plausible
+        pcie, traffic = self.pcie, {}
         for direction, metric in _PCIE.items():
-            rate = values.get(metric)
-            if rate is not None and rate >= 0:
-                pcie[direction] += rate * _MIB * seconds
+            rate = plausible(values.get(metric), 0, _MAX_PCIE_MIBPS, _WHAT[metric])
+            if rate is not None:  # only a plausible rate is integrated (an implausible one: the counter left out)
+                traffic[direction] = pcie[direction] = pcie[direction] + rate * _MIB * seconds
         return Gpm(
-            sm_active_ratio=_ratio(values.get(_SM_ACTIVE)),
-            sm_occupancy_ratio=_ratio(values.get(_SM_OCCUPANCY)),
-            graphics_engine_active_ratio=_ratio(values.get(_GRAPHICS)),
-            pipe_active_ratio={pipe: values[m] / 100.0 for pipe, m in PIPES.items() if m in values},
-            dram_bandwidth_ratio=_ratio(values.get(_DRAM)),
-            pcie_traffic_bytes={d: v for d, v in pcie.items() if _PCIE[d] in values},
+            sm_active_ratio=percent_ratio(q, values.get(_SM_ACTIVE), _WHAT[_SM_ACTIVE]),
+            sm_occupancy_ratio=percent_ratio(q, values.get(_SM_OCCUPANCY), _WHAT[_SM_OCCUPANCY]),
+            graphics_engine_active_ratio=percent_ratio(q, values.get(_GRAPHICS), _WHAT[_GRAPHICS]),
+            pipe_active_ratio={pipe: r for pipe, m in PIPES.items()
+                               if m in values and (r := percent_ratio(q, values[m], _WHAT[m])) is not None},
+            dram_bandwidth_ratio=percent_ratio(q, values.get(_DRAM), _WHAT[_DRAM]),
+            pcie_traffic_bytes=traffic,
         )
 
     def read_slow(self, q: Query) -> None:
         return None
 
 
-def _ratio(percent: float | None) -> float | None:
-    return None if percent is None else percent / 100.0
+def percent_ratio(q: Query, percent: float | None, what: str) -> float | None:
+    """A GPM percentage as a ratio: 0..105 % (one ``Query.plausible`` call), else None, counted and logged by it."""
+    value = q.plausible(percent, 0, MAX_PERCENT, what)
+    return None if value is None else value / 100.0
 
 
 def render(emit: Emit, fast: Gpm | None, slow: None) -> None:

@@ -1,7 +1,8 @@
 """memory: the frame buffer, with nvidia-smi's semantics.
 
 Fast tier: nvmlDeviceGetMemoryInfo_v2 (used excludes the driver's reserved memory, which is its
-own reading), else v1 on older drivers.
+own reading), else v1 on older drivers. A total beyond 0..2**50 bytes, or a used, free or reserved
+amount beyond 0..total (0..2**50 where the total was left out), is left out and counted (Query.plausible).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class Memory:
 
 
 _NO_MEMORY = Memory()
+_MAX_BYTES = 2**50  # 1 PiB: more frame buffer than any GPU has (Query.plausible); 0xFF..FF is NVML's "not available"
 
 
 def history(memory: Memory) -> Memory:
@@ -35,8 +37,16 @@ class Nvml:
         info = q(self.info) if self.info is not None else None
         if info is None:
             return Memory()
+        plausible = q.plausible
+        total = plausible(info.total, 0, _MAX_BYTES, "memory_total_bytes")
+        most = _MAX_BYTES if total is None else total  # a part is at most the whole
+        used = plausible(info.used, 0, most, "memory_used_bytes")
+        free = plausible(info.free, 0, most, "memory_free_bytes")
         reserved = getattr(info, "reserved", None)  # v2 only
-        return Memory(int(info.total), int(info.used), int(info.free), None if reserved is None else int(reserved))
+        if reserved is not None:
+            reserved = plausible(reserved, 0, most, "memory_reserved_bytes")
+        return Memory(None if total is None else int(total), None if used is None else int(used),
+                      None if free is None else int(free), None if reserved is None else int(reserved))
 
     def read_slow(self, q: Query) -> None:
         return None

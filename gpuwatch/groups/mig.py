@@ -11,6 +11,11 @@ metrics over the last interval (nvmlGpmMigSampleGet with the GPU instance id, th
 nvmlGpmMetricsGet: SM activity, DRAM bandwidth, the tensor pipe). On a MIG-enabled GPU NVML has no
 utilization (and no remapped rows) for the parent: those readings are absent there, with their
 features 0; the per-instance SM activity says how busy each instance is.
+
+Each value is checked (``Query.plausible``): the frame buffer's total from 0 to MAX_COUNTER bytes (2**64-1 is a
+sentinel), its used bytes from 0 to that total, a GPM percentage from 0 to 105 (as the gpm group's); anything else
+(NaN, a negative, a sentinel) is left out, counted as ``implausible_value`` and logged once per GPU and reading, and
+the instance's other readings stay.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, Unsupported
+from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, G, Group, Query, Spec, Unsupported
+from gpuwatch.groups.gpm import percent_ratio
 
 _SM_ACTIVE, _TENSOR, _DRAM = 2, 5, 10  # NVML_GPM_METRIC_SM_UTIL, ANY_TENSOR_UTIL, DRAM_BW_UTIL
 METRICS = (_SM_ACTIVE, _TENSOR, _DRAM)
@@ -73,11 +79,17 @@ class Nvml:
         got = q(self.devices.readings) if self.devices is not None else None
         if not got:
             return ()
+        plausible = q.plausible
         out = []
         for r in got:
             gpm = r["metrics"] or {}
-            out.append(MigReading(r["gpu_instance"], r["memory_total"], r["memory_used"], _ratio(gpm.get(_SM_ACTIVE)),
-                                  _ratio(gpm.get(_DRAM)), _ratio(gpm.get(_TENSOR))))
+            total = plausible(r["memory_total"], 0, MAX_COUNTER, "mig_memory_total")
+            used = plausible(r["memory_used"], 0, MAX_COUNTER if total is None else total, "mig_memory_used")
+            out.append(MigReading(r["gpu_instance"], None if total is None else int(total),
+                                  None if used is None else int(used),
+                                  percent_ratio(q, gpm.get(_SM_ACTIVE), "mig_sm_active"),
+                                  percent_ratio(q, gpm.get(_DRAM), "mig_dram_bandwidth"),
+                                  percent_ratio(q, gpm.get(_TENSOR), "mig_tensor_pipe_active")))
         return tuple(out)
 
     def read_slow(self, q: Query) -> tuple[MigInstance, ...]:
@@ -85,10 +97,6 @@ class Nvml:
         if not got:
             return ()
         return tuple(MigInstance(i["gpu_instance"], i["compute_instance"], i["mig_uuid"], i["profile"]) for i in got)
-
-
-def _ratio(percent: float | None) -> float | None:
-    return None if percent is None else percent / 100.0
 
 
 def render(emit: Emit, fast: tuple[MigReading, ...] | None, slow: tuple[MigInstance, ...] | None) -> None:

@@ -25,6 +25,10 @@ The error counters depend on the generation:
   device total (scopeId = 0xFFFFFFFF, as DCGM does: one entry per counter); where the driver does not
   answer the total, per link and summed.
 
+Every value is checked (``Query.plausible``): a counter (errors in counts, traffic in KiB) from 0 to MAX_COUNTER
+(2**63-1: 0xFFFFFFFFFFFFFFFF is NVML's "not available"), a bit error rate from 0 to 1 after decoding, a link state
+one of NVML's four; anything else is left out, counted as ``implausible_value`` and logged once per GPU and reading.
+
 With ``--collector.nvlink.per-link``: each link's up state and its error counters (the DL counters
 before Blackwell, the default NVLink5 counters and the symbol errors from Blackwell). A GPU without
 NVLink (PCIe cards) has no link count: no series and no feature series (a class of hardware), no calls
@@ -36,12 +40,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups.base import Device, Emit, FieldKey, G, Group, Query, Spec, Unsupported, whole
+from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, FieldKey, G, Group, Query, Spec, Unsupported, counted, whole
 
 _LINK_COUNT = 91
 _STATE = 165  # scope = link: NVML_NVLINK_STATE_INACTIVE 0, ACTIVE 1, SLEEP 2, ACTIVE_TRAFFIC_DISABLED 3
 _INACTIVE = 0
 _STATES = frozenset({0, 1, 2, 3})
+_MAX_STATE = 3
 ALL_LINKS = 0xFFFFFFFF  # the scopeId of "every link"
 ERRORS: Mapping[str, int] = {"crc_flit": 38, "crc_data": 45, "replay": 52, "recovery": 59, "ecc_data": 160}
 _LINK_ERRORS: Mapping[str, int] = {"replay": 161, "recovery": 162, "crc_flit": 163}
@@ -63,17 +68,22 @@ def decode_ber(value: float | int, kind: str | None = None) -> float | None:
     """A BER field's value as a number: the packed form NVML's header defines (mantissa in bits 8-11,
     exponent in bits 0-7, BER = mantissa x 10^-exponent; mantissa 15 with exponent 255: no errors), or,
     for an entry of value type double (NVIDIA's mock), the number itself. None: not a BER."""
+    ber = _ber(value, kind)
+    return ber if 0.0 <= ber <= 1.0 else None
+
+
+def _ber(value: float | int, kind: str | None) -> float | int:
+    """decode_ber before its bounds: the rate, or a value outside 0..1 where the field holds no BER (a sentinel,
+    NaN, 15e0): what Query.plausible is given, so that it logs what the driver answered."""
     if kind == _DOUBLE or isinstance(value, float):
-        number = float(value)
-        return number if 0.0 <= number <= 1.0 else None
+        return float(value)
     packed = whole(value, 0xFFF)
     if packed is None:
-        return None
+        return value  # an int: a negative or beyond 0xFFF
     mantissa, exponent = (packed >> 8) & 0xF, packed & 0xFF
     if mantissa == 15 and exponent == 255:
         return 0.0
-    ber = mantissa * 10.0 ** -exponent
-    return ber if ber <= 1.0 else None  # 15e0, 2e0: no error rate
+    return mantissa * 10.0 ** -exponent  # 15e0, 2e0: above 1, no error rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +142,12 @@ class Nvml:
                                      for name, fid in per_link_fields.items()
                                      if (fid, link) in answered and dev.field((fid, link), "slow"))
         traffic = dev.values([(fid, ALL_LINKS) for fid in _TRAFFIC.values()]) if on else {}
-        self.traffic = tuple((d, fid) for d, fid in _TRAFFIC.items()
+        self.traffic = tuple((d, fid, f"nvlink_traffic_{d}") for d, fid in _TRAFFIC.items()
                              if (fid, ALL_LINKS) in traffic and dev.field((fid, ALL_LINKS), "slow"))
+        # each reading's name for Query.plausible (logged once per GPU and name: one for all the links of a kind)
+        self.what = {name: f"nvlink_{name}_errors" for name, _ in self.errors}
+        self.what_ber = {name: f"nvlink_{name}_ber" for name, _ in self.ber}
+        self.what_link = {name: f"nvlink_link_{name}_errors" for _, name, _ in self.link_errors}
         # links counted but none of their states readable: the GPU has NVLink that gpuwatch cannot see
         # (or the link count itself did not answer now though the GPU has the field: a transient error)
         unreadable = bool(links) or (dev.has_field(_LINK_COUNT) and count is None)
@@ -162,7 +176,9 @@ class Nvml:
     def _total(self, name: str, counts: list[int]) -> int:
         """The kind's count over its keys (one device total, or one per link): per link, the sum of each
         link's increases since the first read, so that one link's counter reset is that link's alone and
-        never makes the total go back (a total that went back reads as a reset of every link)."""
+        never makes the total go back (a total that went back reads as a reset of every link). ``counts`` are
+        plausible values only (read_slow leaves a kind out for a poll where one is not): a one-poll sentinel of
+        a link is never taken for its new count, nor its return for a reset."""
         if len(counts) == 1:
             return counts[0]
         before = self._last.get(name)
@@ -177,30 +193,40 @@ class Nvml:
     def read_slow(self, q: Query) -> NvLink:
         if not self.links:
             return NvLink()
+        plausible = q.plausible
         up = {}
         for link in self.links:
             state = q.field((_STATE, link))
             if state in _STATES:
                 up[self.names[link]] = state != _INACTIVE
+            elif state is not None:
+                # a state NVML does not define (a newer driver's, or garbage): counted as implausible, and the link
+                # is in neither gpuwatch_nvlink_links count (active + inactive fall short of the links while it is)
+                high = -1 if type(state) is float and not state.is_integer() else _MAX_STATE
+                plausible(state, 0, high, "nvlink_link_state")
         errors = {}
         for name, keys in self.errors:
-            counts = [c for key in keys if (c := whole(q.field(key))) is not None]
+            what = self.what[name]
+            # only plausible counts are summed: a link's sentinel is left out (no total this poll) before the
+            # per-link sum could take it for a reset of that link
+            counts = [c for key in keys if (c := counted(q, q.field(key), MAX_COUNTER, what)) is not None]
             if len(counts) == len(keys):  # a sum with a link missing would look like a reset
                 errors[name] = self._total(name, counts)
         ber = {}
         for name, keys in self.ber:
-            rates = [None if (v := q.field(key)) is None else decode_ber(v, _DOUBLE if key in self.double else None)
-                     for key in keys]
+            what = self.what_ber[name]
+            rates = [None if (v := q.field(key)) is None else
+                     plausible(_ber(v, _DOUBLE if key in self.double else None), 0.0, 1.0, what) for key in keys]
             if rates and all(r is not None for r in rates):
-                ber[name] = max(r for r in rates if r is not None)  # per link: the worst link
+                ber[name] = max(float(r) for r in rates if r is not None)  # per link: the worst link
         traffic = {}
-        for direction, fid in self.traffic:
-            value = q.field((fid, ALL_LINKS))
-            if value is not None:
-                traffic[direction] = float(value) * 1024.0
+        for direction, fid, what in self.traffic:
+            kib = plausible(q.field((fid, ALL_LINKS)), 0, MAX_COUNTER, what)
+            if kib is not None:
+                traffic[direction] = float(kib) * 1024.0
         link_errors = {}
         for label, name, key in self.link_errors:
-            value = whole(q.field(key))
+            value = counted(q, q.field(key), MAX_COUNTER, self.what_link[name])
             if value is not None:
                 link_errors[(label, name)] = value
         return NvLink(up, errors, traffic, link_errors, self.per_link or None, self.at_discovery, self.remote,

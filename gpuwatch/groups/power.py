@@ -12,7 +12,10 @@ GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints; on Blackw
 smoothing, the smoothing circuitry's remaining lifetime in percent (field
 NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, whose id depends on the driver branch:
 258 on R570 and R580.126+, 263 on R575/R580.65; groups/fieldids.py). A lifetime outside 0-100 % is
-not exported (logged once): on a branch newer than gpuwatch's table that id may mean something else.
+not exported (logged once): on a branch newer than gpuwatch's table that id may mean something else; at
+discovery the field is then not read, at a poll the value is left out and counted (Query.plausible), as
+a power draw, module power or limit beyond 0..20 kW, an energy counter beyond 0..MAX_COUNTER mJ (a
+negative, NaN, 0xFF..FF) and a P-state beyond 0-15 (32, NVML_PSTATE_UNKNOWN, is left out uncounted).
 
 Grace-coupled GPUs (GH200, GB200): where the GPU answers field 185 with scopeId 1
 (NVML_POWER_SCOPE_MODULE: GPU + Grace CPU + memory), probed once at discovery, the module's power is
@@ -27,12 +30,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuwatch.groups import fieldids
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, G, Group, Query, Spec
 
 _ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
 _POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE, mW (what nvmlDeviceGetPowerUsage reports on Ampere and newer)
 MODULE_POWER = (_POWER_AVERAGE, 1)  # scopeId NVML_POWER_SCOPE_MODULE
 _MODULE = MODULE_POWER
+# What a board can draw or be limited to (Query.plausible), in mW: 0..20 kW. Beyond it (0xFFFFFFFF mW), NaN, a negative
+# or an energy counter beyond MAX_COUNTER (mJ) is left out and counted, never exported
+_MAX_MW = 20_000_000
+_LIMIT_WHAT = {"enforced": "power_limit_watts{limit=enforced}", "default": "power_limit_watts{limit=default}"}
+_PSTATE_UNKNOWN = 32  # NVML_PSTATE_UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,25 +116,37 @@ class Nvml:
         return fid if dev.field(fid, "slow") else None
 
     def read_fast(self, q: Query) -> Power:
+        plausible = q.plausible
         mw = q.field(_POWER_AVERAGE) if self.average else (q(self.usage) if self.usage is not None else None)
+        mw = plausible(mw, 0, _MAX_MW, "power_watts")
         pstate = q(self.pstate) if self.pstate is not None else None
-        module = q.field(_MODULE) if self.module else None
-        return Power(None if mw is None else mw / 1000.0, None,
-                     None if pstate is None or pstate > 15 else int(pstate),
+        if pstate is not None:  # 0-15, or 32: NVML_PSTATE_UNKNOWN (left out, not an implausible answer)
+            pstate = None if pstate == _PSTATE_UNKNOWN else plausible(pstate, 0, 15, "performance_state")
+        module = plausible(q.field(_MODULE), 0, _MAX_MW, "module_power_watts") if self.module else None
+        return Power(None if mw is None else mw / 1000.0, None, None if pstate is None else int(pstate),
                      None if module is None else module / 1000.0)
 
     def read_slow(self, q: Query) -> PowerLimits:
+        plausible = q.plausible
         limits: dict[str, float] = {}
         for name, call in self.limits:
             value = q(call)
             if value is None:
                 continue
             if name == "constraints":
-                limits["min"], limits["max"] = value[0] / 1000.0, value[1] / 1000.0
-            else:
-                limits[name] = value / 1000.0
-        lifetime = None if self.lifetime is None else _percent(q.field(self.lifetime))
-        mj = q.field(_ENERGY) if self.energy else None
+                low = plausible(value[0], 0, _MAX_MW, "power_limit_watts{limit=min}")
+                high = plausible(value[1], 0, _MAX_MW, "power_limit_watts{limit=max}")
+                if low is not None:
+                    limits["min"] = low / 1000.0
+                if high is not None:
+                    limits["max"] = high / 1000.0
+            elif (mw := plausible(value, 0, _MAX_MW, _LIMIT_WHAT[name])) is not None:
+                limits[name] = mw / 1000.0
+        lifetime = None
+        if self.lifetime is not None:
+            percent = plausible(q.field(self.lifetime), 0, 100, "power_smoothing_lifetime")
+            lifetime = None if percent is None else percent / 100.0
+        mj = plausible(q.field(_ENERGY), 0, MAX_COUNTER, "energy_joules") if self.energy else None
         return PowerLimits(limits, lifetime, None if mj is None else mj / 1000.0)
 
 

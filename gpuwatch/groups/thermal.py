@@ -4,7 +4,9 @@ Fast tier: nvmlDeviceGetTemperatureV (GetTemperature on older drivers), the marg
 (nvmlDeviceGetMarginTemperature) and the memory temperature (field 82). Slow tier: the absolute
 thresholds (nvmlDeviceGetTemperatureThreshold) and the T.Limit thresholds (fields 193-196).
 The absolute thresholds gpuwatch exports and the rules use are one derivation of both
-(model.temperature_thresholds).
+(model.temperature_thresholds). A reading no GPU can have (a sentinel, NaN, a temperature beyond
+-60..250 °C, a T.Limit value beyond -250..250 °C) is left out and counted (Query.plausible), so no
+threshold is derived from it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ _TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
 _THRESHOLDS = {"shutdown": 0, "slowdown": 1, "memory_max": 2, "gpu_max": 3}
 _MEMORY_TEMPERATURE = 82  # NVML_FI_DEV_MEMORY_TEMP
 _TLIMIT = {193: "shutdown", 194: "slowdown", 195: "memory_max", 196: "gpu_max"}  # NVML_FI_DEV_TEMPERATURE_*_TLIMIT
+# What a GPU can read (Query.plausible): an absolute temperature or threshold -60..250 °C, the T.Limit margin and
+# thresholds -250..250 °C; beyond it is a sentinel (0xFFFFFFFF read unsigned, INT_MIN), NaN or garbage: left out
+_COLDEST, _HOTTEST = -60, 250
+_MARGIN = 250  # -250..250
+_THRESHOLD_WHAT = {name: f"temperature_threshold_celsius{{threshold={name}}}" for name in _THRESHOLDS}
+_TLIMIT_WHAT = {name: f"temperature_margin_threshold_celsius{{threshold={name}}}" for name in _TLIMIT.values()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,28 +49,34 @@ class Nvml:
         margin = dev.call("nvmlDeviceGetMarginTemperature")
         self.margin = margin if dev.supported(margin) else None
         self.memory = dev.field(_MEMORY_TEMPERATURE, "fast")
-        self.thresholds = tuple((name, call) for name, kind in _THRESHOLDS.items()
+        self.thresholds = tuple((name, call, _THRESHOLD_WHAT[name]) for name, kind in _THRESHOLDS.items()
                                 if dev.supported(call := dev.call("nvmlDeviceGetTemperatureThreshold", kind)))
-        self.tlimit = tuple((fid, name) for fid, name in _TLIMIT.items() if dev.field(fid, "slow"))
+        self.tlimit = tuple((fid, name, _TLIMIT_WHAT[name]) for fid, name in _TLIMIT.items() if dev.field(fid, "slow"))
         dev.feature("temperature_margin", self.margin is not None)
         dev.feature("memory_temperature", self.memory)
 
     def read_fast(self, q: Query) -> Temperatures:
-        t = q(self.temperature) if self.temperature is not None else None
-        m = q(self.margin) if self.margin is not None else None
-        mem = q.field(_MEMORY_TEMPERATURE) if self.memory else None
+        plausible = q.plausible
+        t = m = mem = None
+        if self.temperature is not None:
+            t = plausible(q(self.temperature), _COLDEST, _HOTTEST, "temperature_celsius")
+        if self.margin is not None:
+            m = plausible(q(self.margin), -_MARGIN, _MARGIN, "temperature_margin_celsius")
+        if self.memory:
+            mem = plausible(q.field(_MEMORY_TEMPERATURE), _COLDEST, _HOTTEST, "memory_temperature_celsius")
         return Temperatures(None if t is None else float(t), None if mem is None else float(mem),
                             None if m is None else float(m))
 
     def read_slow(self, q: Query) -> TemperatureLimits:
+        plausible = q.plausible
         absolute = {}
-        for name, call in self.thresholds:
-            value = q(call)
+        for name, call, what in self.thresholds:
+            value = plausible(q(call), _COLDEST, _HOTTEST, what)
             if value is not None:
                 absolute[name] = float(value)
         tlimit = {}
-        for fid, name in self.tlimit:
-            value = q.field(fid)
+        for fid, name, what in self.tlimit:
+            value = plausible(q.field(fid), -_MARGIN, _MARGIN, what)
             if value is not None:
                 tlimit[name] = float(value)
         return TemperatureLimits(absolute, tlimit)

@@ -4,6 +4,8 @@ Fast tier: nvmlDeviceGetUtilizationRates (gpu and memory). Slow tier, with
 ``--collector.utilization.video``: the encoder and decoder (nvmlDeviceGetEncoderUtilization,
 GetDecoderUtilization), which a monitor of compute nodes rarely needs: off by default, to keep a
 data-center GPU within the contract's series budget (2 series and 2 calls per GPU less).
+A percentage beyond 0..100 (0xFFFFFFFF, 255) is left out and counted (Query.plausible), the other
+engines' kept.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class Nvml:
     def __init__(self, dev: Device) -> None:
         rates = dev.call("nvmlDeviceGetUtilizationRates")
         self.rates = rates if dev.supported(rates) else None
-        self.engines = tuple((engine, call) for engine, call in (
+        self.engines = tuple((engine, call, f"utilization_ratio{{engine={engine}}}") for engine, call in (
             ("encoder", dev.call("nvmlDeviceGetEncoderUtilization")),
             ("decoder", dev.call("nvmlDeviceGetDecoderUtilization"))) if dev.supported(call)) \
             if dev.option("video") else ()
@@ -35,14 +37,23 @@ class Nvml:
         rates = q(self.rates) if self.rates is not None else None
         if rates is None:
             return Utilization()
-        return Utilization({"gpu": rates.gpu / 100.0, "memory": rates.memory / 100.0})
+        plausible = q.plausible
+        gpu = plausible(rates.gpu, 0, 100, "utilization_ratio{engine=gpu}")
+        memory = plausible(rates.memory, 0, 100, "utilization_ratio{engine=memory}")
+        ratios = {}
+        if gpu is not None:
+            ratios["gpu"] = gpu / 100.0
+        if memory is not None:
+            ratios["memory"] = memory / 100.0
+        return Utilization(ratios)
 
     def read_slow(self, q: Query) -> Utilization:
+        plausible = q.plausible
         ratios = {}
-        for engine, call in self.engines:
+        for engine, call, what in self.engines:
             value = q(call)  # (utilization %, sampling period µs)
-            if value is not None:
-                ratios[engine] = value[0] / 100.0
+            if value is not None and (percent := plausible(value[0], 0, 100, what)) is not None:
+                ratios[engine] = percent / 100.0
         return Utilization(ratios)
 
 

@@ -6,6 +6,7 @@ Nothing here touches a backend: every answer is built from the store's latest sn
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -63,7 +64,10 @@ class App:
                           head=method == "HEAD")
         if path == STATUS_PATH:
             document = status_document(self._snapshot(), self._monotonic(), self._staleness)
-            body = json.dumps(document, separators=(",", ":")).encode()
+            try:  # JSON has no NaN or Infinity: never emitted (a reading that slipped through is null)
+                body = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+            except ValueError:
+                body = json.dumps(finite(document), separators=(",", ":"), allow_nan=False).encode()
             return reply(start_response, "200 OK", body, "application/json", head=method == "HEAD")
         if path == "/":
             return reply(start_response, "200 OK", self._landing, "text/html; charset=utf-8", head=method == "HEAD")
@@ -76,6 +80,17 @@ class App:
                                                    compress=accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")))
         extra = [("Content-Encoding", "gzip")] if compressed else []
         return reply(start_response, "200 OK", body, content_type, extra=extra, head=method == "HEAD")
+
+
+def finite(document: Any) -> Any:
+    """A copy of a JSON document with every non-finite float (NaN, the infinities) replaced by None (null)."""
+    if isinstance(document, float):
+        return document if math.isfinite(document) else None
+    if isinstance(document, dict):
+        return {key: finite(value) for key, value in document.items()}
+    if isinstance(document, (list, tuple)):
+        return [finite(value) for value in document]
+    return document
 
 
 def accepts_gzip(header: str) -> bool:
