@@ -216,6 +216,16 @@ def ask(address, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
     return status.encode(), dict(line.split(": ", 1) for line in lines), body
 
 
+def ask_once(app, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """``request`` to a server of its own for ``app``, started and closed around it."""
+    servers = HttpServers(["127.0.0.1:0"], app)
+    servers.start()
+    try:
+        return ask(servers.servers[0].server_address[:2], request)
+    finally:
+        servers.close()
+
+
 def test_the_environ_holds_the_request(echo):
     status, headers, body = ask(echo, b"GET /a%20b/%C3%A9?x=1&y=%20 HTTP/1.1\r\nHost: h\r\nAccept: a\r\n"
                                       b"X-Twice: 1\r\nx-twice:  2 \r\nContent-Type: text/x\r\n"
@@ -265,12 +275,7 @@ def test_an_app_that_raises_gets_a_500_and_one_error_line(capsys):
         raise ValueError("a bug")
 
     logs.configure("info", "json")
-    servers = HttpServers(["127.0.0.1:0"], broken)
-    servers.start()
-    try:
-        status, _, body = ask(servers.servers[0].server_address[:2], b"GET / HTTP/1.1\r\n\r\n")
-    finally:
-        servers.close()
+    status, _, body = ask_once(broken, b"GET / HTTP/1.1\r\n\r\n")
     assert status == b"HTTP/1.1 500 Internal Server Error" and b"log" in body
     assert [line for line in capsys.readouterr().err.splitlines() if "http_handler_failed" in line]
 
@@ -579,12 +584,7 @@ def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypa
     monkeypatch.setattr(server, "select", Select)
     logs.configure("info", "json")
     app = lambda environ, start_response: server.reply(start_response, "200 OK", b"ok\n")  # noqa: E731
-    servers = HttpServers(["127.0.0.1:0"], app)
-    servers.start()
-    try:
-        status, _, body = ask(servers.servers[0].server_address[:2], b"GET / HTTP/1.0\r\n\r\n")
-    finally:
-        servers.close()
+    status, _, body = ask_once(app, b"GET / HTTP/1.0\r\n\r\n")
     assert status == b"HTTP/1.0 200 OK" and body == b"ok\n"
     assert pauses == [server.ACCEPT_BACKOFF_SECONDS] * 3
     lines = [line for line in capsys.readouterr().err.splitlines() if "http_accept_failed" in line]
