@@ -591,6 +591,36 @@ def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypa
     assert len(lines) == 1 and "Too many open files" in lines[0] and "LimitNOFILE" in lines[0]
 
 
+def test_an_accept_that_fails_for_its_own_connection_is_no_pause(monkeypatch, capsys):
+    """ECONNABORTED and its kin are one queued connection's failure (it left the queue): no pause, no warning."""
+    import errno
+    import socketserver
+
+    fails = [OSError(errno.ECONNABORTED, "Software caused connection abort")]
+    real_accept = socketserver.TCPServer.get_request
+
+    def get_request(self):
+        if fails:
+            raise fails.pop()
+        return real_accept(self)
+
+    pauses = []
+
+    class Select:
+        @staticmethod
+        def select(r, w, x, timeout):
+            pauses.append(timeout)
+            return [], [], []
+
+    monkeypatch.setattr(socketserver.TCPServer, "get_request", get_request)
+    monkeypatch.setattr(server, "select", Select)
+    logs.configure("info", "json")
+    app = lambda environ, start_response: server.reply(start_response, "200 OK", b"ok\n")  # noqa: E731
+    assert ask_once(app, b"GET / HTTP/1.0\r\n\r\n")[0] == b"HTTP/1.0 200 OK"
+    assert fails == [] and pauses == []
+    assert "http_accept_failed" not in capsys.readouterr().err
+
+
 def test_the_daemon_raises_its_soft_descriptor_limit_to_the_hard_one():
     """As Go daemons do: systemd's soft 1024 is what four listeners' kept connections take by themselves."""
     import subprocess
@@ -601,3 +631,18 @@ def test_the_daemon_raises_its_soft_descriptor_limit_to_the_hard_one():
             "print(*resource.getrlimit(resource.RLIMIT_NOFILE))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["4096", "4096"]
+
+
+def test_the_descriptor_limit_is_never_lowered(monkeypatch):
+    import resource
+
+    from gpuwatch.cli.run import raise_descriptor_limit
+
+    set_to = []
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: set_to.append(limits))
+    for soft, hard in ((2_000_000, 4_000_000), (1 << 20, resource.RLIM_INFINITY), (4096, 4096)):
+        monkeypatch.setattr(resource, "getrlimit", lambda which, limits=(soft, hard): limits)
+        raise_descriptor_limit()
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1 << 30))
+    raise_descriptor_limit()
+    assert set_to == [(1 << 20, 1 << 30)]  # only the last: raised, to 2^20 at most

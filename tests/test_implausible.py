@@ -21,14 +21,14 @@ def test_a_value_beyond_its_bounds_is_left_out_counted_and_logged_once_per_gpu_a
     implausible: set[str] = set()
     with capture_logs() as logs:
         for _ in range(3):
-            q = Query("GPU-1", implausible)  # a new Query each poll, the GPU's set kept
+            q = Query("GPU-1", implausible, "3")  # a new Query each poll, the GPU's set kept
             assert q.plausible(value, -5, 2**31, "temperature") is None
             assert q.errors == [IMPLAUSIBLE]
         assert Query("GPU-1", implausible).plausible(0xFFFFFFFF, 0, 1, "fan_speed") is None
     lines = [(e["event"], e["reading"], e["uuid"]) for e in logs]
     assert lines == [("nvml_reading_implausible", "temperature", "GPU-1"),
                      ("nvml_reading_implausible", "fan_speed", "GPU-1")]
-    assert logs[0]["value"] == repr(value) and "hint" in logs[0]
+    assert logs[0]["value"] == repr(value) and logs[0]["gpu"] == "3" and "hint" in logs[0]
 
 
 def test_none_stays_none_without_an_error():

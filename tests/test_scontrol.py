@@ -156,3 +156,29 @@ def test_a_bad_job_waits_its_own_backoff_and_a_failing_scontrol_still_backs_off_
     errors.clear()
     clock.advance(30)
     assert down.read(cgroups.scan(root), gpus()) == ((), False) and errors == []
+
+
+def test_a_wrong_node_name_rests_scontrol_and_a_good_job_behind_a_bad_one_waits_one_backoff(tmp_path):
+    """No job's answer has had a part on this node yet: likely a wrong --collector.slurm.node-name, the same
+    for every job: one call per backoff (rotating over the jobs), not one per job. Once a job is found on the
+    node, the name is known right and an answer without it holds back only its job; jobs that answered badly
+    are asked after the others, so a bad one does not stand before them at each backoff."""
+    command, state, asked = job_answers(tmp_path, {str(j): record(j, node="gpu08") for j in (41, 42, 43)})
+    root = tmp_path / "cgroup"
+    for job in (41, 42, 43):
+        slurm_v2_job(root, job, [])
+    clock, errors = FakeClock(), []
+    slurm = reader(command, clock, errors)
+    for _ in range(3):
+        assert slurm.read(cgroups.scan(root), gpus()) == ((), False)
+        clock.advance(61)
+    assert asked() == ["41", "42", "43"]  # one a backoff
+
+    (tmp_path / "calls").unlink()
+    state.write_text(json.dumps({"41": record(41, node="gpu08"), "42": record(42), "43": record(43, idx="2")}))
+    slurm = reader(command, clock, errors)  # the node name right, job 41 the odd one, first in the scan
+    assert slurm.read(cgroups.scan(root), gpus()) == ((), False) and asked() == ["41"]
+    clock.advance(61)
+    allocations, complete = slurm.read(cgroups.scan(root), gpus())
+    assert sorted(a.job_id for a in allocations) == ["42", "43"] and not complete
+    assert asked() == ["41", "42", "43", "41"]  # 41 last: then held back on its own

@@ -81,10 +81,10 @@ def raise_descriptor_limit() -> None:
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < wanted:
+    wanted = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:  # never lowered
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, 1 << 20), hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
         except (OSError, ValueError):
             pass  # not allowed here: the accept loop copes (http_accept_failed)
 

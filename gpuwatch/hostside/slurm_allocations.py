@@ -276,6 +276,7 @@ class SlurmAllocations:
         self._user_name = user_name
         self._cache: dict[str, Answer] = {}  # job id -> what scontrol said, for the job's life
         self._retry: dict[str, float] = {}  # job id -> when to ask again, after a bad answer for that job
+        self._node_known = False  # a job's answer had a part on this node: node-name is right
         self._malformed = Malformed("slurm", errors)
 
     def read(self, found: Scan, gpus: Sequence[GpuState]) -> tuple[tuple[JobAllocation, ...], bool] | None:
@@ -293,7 +294,9 @@ class SlurmAllocations:
         resolved: set[str] = set()
         live = []
         deadline = self._monotonic() + self._budget
-        for job in (j for j in found.jobs if j.scheduler == "slurm"):
+        # jobs that answered badly before come last: a bad one never stands before the others at each backoff
+        retried = self._retry
+        for job in sorted((j for j in found.jobs if j.scheduler == "slurm"), key=lambda j: j.job_id in retried):
             live.append(job.job_id)
             user = self._user_name(job.uid) if job.uid is not None else ""
             minors = job.devices(self._malformed)
@@ -343,10 +346,14 @@ class SlurmAllocations:
             return None
         if not answer.on_node:
             self._retry[job.job_id] = self._monotonic() + self._backoff
-            self._scontrol.reject(job.job_id, "scontrol_node_unknown", f"job {job.job_id} has no part on node "
-                                  f"{self._node!r} in scontrol's answer", "set --collector.slurm.node-name to this "
-                                  "node's Slurm NodeName (slurmd -C prints it)")
+            message = f"job {job.job_id} has no part on node {self._node!r} in scontrol's answer"
+            hint = "set --collector.slurm.node-name to this node's Slurm NodeName (slurmd -C prints it)"
+            if self._node_known:  # the node name is right (a job was found on it): this job's answer only
+                self._scontrol.reject(job.job_id, "scontrol_node_unknown", message, hint)
+            else:  # likely a wrong node name, the same for every job: scontrol rests (one call per backoff)
+                self._scontrol.fail("scontrol_node_unknown", message, hint)
             return None
+        self._node_known = True
         self._retry.pop(job.job_id, None)
         if answer.mig:
             self._scontrol.note("scontrol_mig_gres", f"job {job.job_id} holds MIG devices as GRES: their "

@@ -13,6 +13,7 @@ malformed request or a client that goes away is a debug event, never a traceback
 
 from __future__ import annotations
 
+import errno
 import select
 import selectors
 import socket
@@ -104,6 +105,7 @@ PLAIN_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=
 KEPT_WORKERS = 4
 
 
+_OUT_OF_RESOURCES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))  # accept() cannot take any
 ACCEPT_BACKOFF_SECONDS = 0.1  # the accept loop's pause after accept() failed (EMFILE): not a spin, soon again
 
 
@@ -271,8 +273,10 @@ class _Server(ThreadingMixIn, TCPServer):
     def get_request(self) -> tuple[Any, Any]:
         try:
             return super().get_request()
-        except OSError as exc:  # socketserver drops it silently: the queued connection wakes the loop at once
-            self._accept_failed = True
+        except OSError as exc:  # socketserver drops it silently
+            if exc.errno not in _OUT_OF_RESOURCES:
+                raise  # one connection's own failure (ECONNABORTED, EPROTO...): it left the queue; the next one
+            self._accept_failed = True  # out of resources: the queued connection wakes the loop at once
             self._refused.log("warning", "http_accept_failed", ("accept", exc.errno), error=reason(exc),
                               hint="gpuwatch cannot accept connections: out of file descriptors (raise the unit's "
                                    "LimitNOFILE) or of memory; it retries every "

@@ -44,6 +44,7 @@ class _Gpu:
     cleanups: list[Callable[[], None]] = field(default_factory=list)  # run before NVML shuts down
     lost_while_probing: bool = False  # GPU_IS_LOST at discovery: down until the next discovery
     implausible: set[str] = field(default_factory=set)  # readings logged as implausible (Query.plausible)
+    index: str = ""  # the GPU's NVML index as a label value, for Query's log lines
 
 
 class NvmlBackend:
@@ -167,7 +168,7 @@ class NvmlBackend:
                     "gpu_unidentifiable", gpu=str(index), error=f"NVML: {exc}",
                     hint="the driver counts this GPU but cannot open it: check `nvidia-smi` and `dmesg`")
                 continue
-            gpu = _Gpu(handle=handle, identity=identity)
+            gpu = _Gpu(handle=handle, identity=identity, index=str(identity.index))
             try:
                 self._probe(gpu)
             except N.NVMLError as exc:
@@ -280,7 +281,7 @@ class NvmlBackend:
         gpu = self._device(uuid)
         if gpu.lost_while_probing:
             raise DeviceLost(uuid, "NVML: GPU is lost (it was lost while gpuwatch probed it at discovery)")
-        q = Query(uuid, gpu.implausible)
+        q = Query(uuid, gpu.implausible, gpu.index)
         clock = time.perf_counter
         batch_seconds, shares = 0.0, _NO_SHARES
         batch = gpu.batches.get(tier)

@@ -166,10 +166,11 @@ class Query:
     """groups.base.Query for one poll of one GPU: a lost GPU and lifecycle errors raise, any other error
     leaves the reading out and is remembered (by lowercase name) for gpuwatch_poll_errors_total."""
 
-    __slots__ = ("_uuid", "errors", "_values", "field_errors", "_implausible")
+    __slots__ = ("_uuid", "errors", "_values", "field_errors", "_implausible", "_gpu")
 
-    def __init__(self, uuid: str, implausible: set[str] | None = None) -> None:
+    def __init__(self, uuid: str, implausible: set[str] | None = None, gpu: str | None = None) -> None:
         self._uuid = uuid
+        self._gpu = gpu  # the GPU's index, for the log line
         self.errors: list[str] = []
         self._values: dict[FieldKey, float | int] = {}
         self.field_errors: dict[str, int] = {}  # group -> failed entries of this poll's batch
@@ -193,7 +194,7 @@ class Query:
         if what not in self._implausible:
             self._implausible.add(what)
             get_logger(component="nvml").warning(
-                "nvml_reading_implausible", reading=what, value=repr(value), uuid=self._uuid,
+                "nvml_reading_implausible", reading=what, value=repr(value), gpu=self._gpu, uuid=self._uuid,
                 error_detail=f"not a {'whole ' if whole else ''}number from {low:g} to {high:g}",
                 hint="the reading is left out while the GPU answers this (counted as implausible_value in "
                      "gpuwatch_poll_errors_total); check `nvidia-smi -q`, and report the driver version if it "
