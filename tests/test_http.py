@@ -1,6 +1,7 @@
 """HTTP endpoints over a real listening server: landing page, metrics, health, errors."""
 
 import gzip
+import os
 import socket
 import threading
 import urllib.error
@@ -557,14 +558,12 @@ def test_the_body_is_gzip_exactly_when_accept_encoding_allows_it(header, compres
     assert text.startswith(b"# HELP")
 
 
-def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypatch, capsys):
-    """Out of descriptors (EMFILE), socketserver's accept fails silently and the queued connection wakes the
-    loop at once: it spun a CPU without a word. Now each failure pauses the loop (on its wake-up pipe, so a
-    stop still ends it at once) and one warning says why; the connection is served once accept works."""
-    import errno
+def serve_through_failed_accepts(monkeypatch, *codes: int) -> tuple[bytes, bytes, list[float], list[OSError]]:
+    """One request to a server whose first accept() calls fail with ``codes``: (status, body, the accept loop's
+    pauses, the failures not raised). The pause is a select() on the loop's wake-up pipe, recorded here."""
     import socketserver
 
-    fails = [OSError(errno.EMFILE, "Too many open files")] * 3
+    fails = [OSError(code, os.strerror(code)) for code in codes]
     real_accept = socketserver.TCPServer.get_request
 
     def get_request(self):
@@ -572,7 +571,7 @@ def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypa
             raise fails.pop()
         return real_accept(self)
 
-    pauses = []
+    pauses: list[float] = []
 
     class Select:
         @staticmethod
@@ -585,6 +584,16 @@ def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypa
     logs.configure("info", "json")
     app = lambda environ, start_response: server.reply(start_response, "200 OK", b"ok\n")  # noqa: E731
     status, _, body = ask_once(app, b"GET / HTTP/1.0\r\n\r\n")
+    return status, body, pauses, fails
+
+
+def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypatch, capsys):
+    """Out of descriptors (EMFILE), socketserver's accept fails silently and the queued connection wakes the
+    loop at once: it spun a CPU without a word. Now each failure pauses the loop (on its wake-up pipe, so a
+    stop still ends it at once) and one warning says why; the connection is served once accept works."""
+    import errno
+
+    status, body, pauses, _ = serve_through_failed_accepts(monkeypatch, errno.EMFILE, errno.EMFILE, errno.EMFILE)
     assert status == b"HTTP/1.0 200 OK" and body == b"ok\n"
     assert pauses == [server.ACCEPT_BACKOFF_SECONDS] * 3
     lines = [line for line in capsys.readouterr().err.splitlines() if "http_accept_failed" in line]
@@ -594,30 +603,9 @@ def test_an_accept_that_fails_pauses_the_accept_loop_and_is_logged_once(monkeypa
 def test_an_accept_that_fails_for_its_own_connection_is_no_pause(monkeypatch, capsys):
     """ECONNABORTED and its kin are one queued connection's failure (it left the queue): no pause, no warning."""
     import errno
-    import socketserver
 
-    fails = [OSError(errno.ECONNABORTED, "Software caused connection abort")]
-    real_accept = socketserver.TCPServer.get_request
-
-    def get_request(self):
-        if fails:
-            raise fails.pop()
-        return real_accept(self)
-
-    pauses = []
-
-    class Select:
-        @staticmethod
-        def select(r, w, x, timeout):
-            pauses.append(timeout)
-            return [], [], []
-
-    monkeypatch.setattr(socketserver.TCPServer, "get_request", get_request)
-    monkeypatch.setattr(server, "select", Select)
-    logs.configure("info", "json")
-    app = lambda environ, start_response: server.reply(start_response, "200 OK", b"ok\n")  # noqa: E731
-    assert ask_once(app, b"GET / HTTP/1.0\r\n\r\n")[0] == b"HTTP/1.0 200 OK"
-    assert fails == [] and pauses == []
+    status, _, pauses, left = serve_through_failed_accepts(monkeypatch, errno.ECONNABORTED)
+    assert status == b"HTTP/1.0 200 OK" and left == [] and pauses == []
     assert "http_accept_failed" not in capsys.readouterr().err
 
 
