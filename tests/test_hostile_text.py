@@ -106,3 +106,42 @@ def test_a_fifo_where_a_cgroup_file_is_is_not_read(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "cgroup.procs").write_text("7\n")
     assert JobCgroup("slurm", "1", dirs={"": tmp_path}).pids() == ({7}, 0)
+
+
+def _stat_line(pid: int, name: str, utime: str, stime: str = "100", start: str = "5000", blkio: str = "0") -> str:
+    fields = [str(pid), f"({name})", "S"] + ["0"] * 10 + [utime, stime] + ["0"] * 6 + [start] + ["0"] * 19 + [blkio]
+    return " ".join(fields) + "\n"
+
+
+def test_proc_pid_stat_numbers_are_read_as_the_kernel_writes_them(tmp_path):
+    """psutil read /proc/PID/stat's times with float(): "1_000" ticks was 10 s, "١٠٠" 1 s. Now such a stat is
+    the process skipped, one report naming the file; the job's other processes count; a command name with
+    ") " and spaces in it does not shift the fields."""
+    from fakehost import fake_process, proc_stat
+
+    from gpuwatch.clock import FakeClock
+    from gpuwatch.hostside.jobs import JobsReader
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    fake_process(proc, 100, user=2.0, system=1.0)
+    pids = [100]
+    for pid, utime in ((101, "1_000"), (102, "\u0661\u0660\u0660"), (103, "100\u3000"), (104, "-5"), (105, "nan")):
+        fake_process(proc, pid)
+        (proc / str(pid) / "stat").write_text(_stat_line(pid, "x", utime))
+        pids.append(pid)
+    fake_process(proc, 106)
+    (proc / "106" / "stat").write_text(_stat_line(106, "evil) 1 2 (x", "300", blkio="50"))
+    pids.append(106)
+    slurm_v2_job(root, 42, pids)
+    from structlog.testing import capture_logs
+
+    errors: list[tuple[str, str]] = []
+    with capture_logs() as logs:
+        usage = JobsReader(str(proc), FakeClock().monotonic, 8.0, errors).read(cgroups.scan(root))
+    reports = [e["source"] for e in logs if e["event"] == "host_input_skipped"]
+    ticks = __import__("os").sysconf("SC_CLK_TCK")
+    assert [u.job_id for u in usage] == ["42"]
+    user, system, iowait = usage[0].cpu_seconds
+    assert (user, system) == (2.0 + 300 / ticks, 1.0 + 100 / ticks) and iowait == 50 / ticks
+    assert sorted(reports) == [str(proc / str(pid) / "stat") for pid in (101, 102, 103, 104, 105)]

@@ -5,15 +5,16 @@ Per job (a Slurm job's or a pod's cgroup, gpuwatch/hostside/cgroups.py):
 - user and system CPU seconds and block-I/O bytes from the cgroup's own accounting where it can be
   read (v2 ``cpu.stat``, ``io.stat``; v1 ``cpuacct.stat``): they count every process that ever ran
   in it, those that started and exited between two reads included, whatever PID namespace;
-- iowait, and the rest where the cgroup does not account it, with psutil over every process of its
-  ``cgroup.procs`` (data loaders included): ``/proc/PID/stat``'s times and block-I/O delay (the
-  kernel's delay accounting), ``/proc/PID/io``. A process that exits mid-read is skipped
-  (NoSuchProcess); the last seen times of one that exited stay in the job's totals, so the counters
-  only grow while the job lives. One whose I/O gpuwatch may not read (EACCES: another user's, without
-  CAP_SYS_PTRACE) makes the job's psutil I/O absent unless the cgroup accounts it. ``/proc/PID/io`` is
-  read here, not by psutil (whose int() takes ``1_000`` and Unicode digits and whose ValueError on ``nan``
-  would cost the process its CPU times too): a read_bytes or write_bytes the kernel would not write is
-  that process's I/O unreadable, one warning naming the file, its CPU times kept.
+- iowait, and the rest where the cgroup does not account it, over every process of its ``cgroup.procs``
+  (data loaders included): ``/proc/PID/stat``'s times and block-I/O delay (the kernel's delay
+  accounting), ``/proc/PID/io``. A process that exits mid-read is skipped; the last seen times of one
+  that exited stay in the job's totals, so the counters only grow while the job lives. One whose I/O
+  gpuwatch may not read (EACCES: another user's, without CAP_SYS_PTRACE) makes the job's per-process I/O
+  absent unless the cgroup accounts it. Both files are read here as the kernel writes them, not by psutil
+  (whose float() and int() take ``1_000`` and other scripts' digits, and whose ValueError on ``nan`` in
+  ``io`` cost the process its CPU times too): a stat whose times the kernel would not write is the process
+  skipped, an io with such a read_bytes or write_bytes is that process's I/O unreadable, one warning
+  naming the file each, the rest kept.
 
 A job whose processes gpuwatch cannot see at all (cgroup.procs lists them as 0 from another PID
 namespace, or ``/proc`` is mounted with hidepid) and whose cgroup has no readable accounting has no
@@ -22,7 +23,6 @@ reading: absent, not 0, counted as ``processes_not_visible`` and logged once.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +31,7 @@ import psutil
 
 from gpuwatch.groups.jobs import JobUsage
 from gpuwatch.hostside.cgroups import JobCgroup, Scan
-from gpuwatch.hostside.hostile import SPACE, Malformed, NotRegular, natural, read_regular, shown
+from gpuwatch.hostside.hostile import SPACE, Malformed, NotRegular, natural, read_regular, shown, words
 from gpuwatch.logs import get_logger
 
 _Cpu = tuple[float, float, float]  # user, system, iowait seconds
@@ -64,23 +64,19 @@ class JobsReader:
     def read(self, found: Scan) -> tuple[JobUsage, ...]:
         now = self._monotonic()
         self._malformed.flush()
-        try:
-            boot = psutil.boot_time()  # create_time() is boot time + start ticks: the key takes the ticks
-        except Exception:
-            boot = 0.0
         usages = []
         live = set()
         for cgroup in found.jobs:
             key = (cgroup.scheduler, cgroup.job_id)
             live.add(key)
-            usage = self._one(cgroup, self._jobs.setdefault(key, _Job()), now, boot)
+            usage = self._one(cgroup, self._jobs.setdefault(key, _Job()), now)
             if usage is not None:
                 usages.append(usage)
         for ended in self._jobs.keys() - live:
             del self._jobs[ended]
         return tuple(usages)
 
-    def _one(self, cgroup: JobCgroup, job: _Job, now: float, boot: float) -> JobUsage | None:
+    def _one(self, cgroup: JobCgroup, job: _Job, now: float) -> JobUsage | None:
         pids, hidden = cgroup.pids(self._malformed)
         accounted_cpu, accounted_io = cgroup.accounting(self._malformed)
         current: dict[_Key, tuple[_Cpu, _Io]] = {}
@@ -90,7 +86,7 @@ class JobsReader:
             if read_one is None:
                 continue
             start, times, io = read_one
-            process = (pid, round(start - boot, 2))
+            process = (pid, round(start, 2))  # a PID used again is another process: the start tells them apart
             previous = job.seen.get(process) or job.recent.pop(process, None)
             if previous is not None and process not in job.seen:  # it only looked exited: take it back
                 self._unretire(job, previous)
@@ -155,36 +151,42 @@ class JobsReader:
             job.retired_io[1] -= io[1]
 
 
-_MAX_SECONDS = 2.0**64 / 100  # CPU seconds of one process: the kernel's u64 ticks at USER_HZ 100
+_MAX_TICKS = 2**64 - 1  # the kernel's u64 tick counters
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # USER_HZ: /proc's times are in these
+_MAX_STAT_FILE = 4096  # bytes: /proc/PID/stat is one line of 52 numbers and the command's name
+# /proc/PID/stat's fields after "(comm)", from field 3 (state) on: utime 14, stime 15, starttime 22,
+# delayacct_blkio_ticks 42 (absent on kernels without delay accounting: 0)
+_UTIME, _STIME, _START, _BLKIO = 14 - 3, 15 - 3, 22 - 3, 42 - 3
 
 
 def _process(pid: int, report: Callable[[str, str], None] | None = None) -> tuple[float, _Cpu, _Io] | None:
-    """(start time, CPU seconds, I/O bytes) of one process; None if it is gone or cannot be read at all.
-    A /proc/PID/stat that does not parse (truncated: psutil's IndexError; huge, negative or NaN times)
-    is the process skipped and ``report`` told; the job's other processes are read. A bad /proc/PID/io
-    costs only the I/O (see _io)."""
+    """(start in seconds after boot, CPU seconds, I/O bytes) of one process; None if it is gone or cannot be
+    read at all. /proc/PID/stat is read here, as the kernel writes it (psutil's float() took ``1_000`` and
+    other scripts' digits): a stat that does not parse (truncated, a number the kernel never writes) is the
+    process skipped and ``report`` told; the job's other processes are read. A bad /proc/PID/io costs only
+    the I/O (see _io)."""
+    path = f"{psutil.PROCFS_PATH}/{pid}/stat"
     try:
-        process = psutil.Process(pid)
-        with process.oneshot():
-            times = process.cpu_times()
-            start = process.create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError, RuntimeError):
+        raw = read_regular(path, _MAX_STAT_FILE)
+    except OSError:  # gone (ENOENT, ESRCH), not ours to read, not a regular file
         return None
-    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+    fields = words(raw.decode("ascii", errors="replace").rpartition(")")[2])  # the name may hold ") "
+    def ticks(i: int, absent: int | None = None) -> int | None:
+        return natural(fields[i], _MAX_TICKS) if i < len(fields) else absent
+
+    utime, stime, start, blkio = ticks(_UTIME), ticks(_STIME), ticks(_START), ticks(_BLKIO, 0)
+    if utime is None or stime is None or start is None or blkio is None:
         if report is not None:
-            report(f"{psutil.PROCFS_PATH}/{pid}/stat", f"psutil cannot parse it: {type(exc).__name__}")
-        return None
-    iowait = float(getattr(times, "iowait", 0.0) or 0.0)
-    cpu = (float(times.user), float(times.system), iowait)
-    if not all(0 <= v <= _MAX_SECONDS for v in cpu) or not math.isfinite(start):  # NaN fails the range too
-        if report is not None:
-            report(f"{psutil.PROCFS_PATH}/{pid}/stat", "CPU times that are negative, NaN or beyond a u64")
+            report(path, "CPU times that are not whole numbers of ticks as the kernel writes them (or a truncated "
+                         "line)")
         return None
     try:
         io = _io(pid, report)
     except psutil.NoSuchProcess:  # gone between its stat and its io
         return None
-    return start, cpu, io
+    return start / _TICKS, (utime / _TICKS, stime / _TICKS, blkio / _TICKS), io
 
 
 _MAX_IO_FILE = 4096  # bytes: /proc/PID/io is seven short lines
