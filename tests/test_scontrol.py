@@ -158,27 +158,34 @@ def test_a_bad_job_waits_its_own_backoff_and_a_failing_scontrol_still_backs_off_
     assert down.read(cgroups.scan(root), gpus()) == ((), False) and errors == []
 
 
-def test_a_wrong_node_name_rests_scontrol_and_a_good_job_behind_a_bad_one_waits_one_backoff(tmp_path):
-    """No job's answer has had a part on this node yet: likely a wrong --collector.slurm.node-name, the same
-    for every job: one call per backoff (rotating over the jobs), not one per job. Once a job is found on the
-    node, the name is known right and an answer without it holds back only its job; jobs that answered badly
-    are asked after the others, so a bad one does not stand before them at each backoff."""
+def test_a_wrong_node_name_costs_one_call_a_backoff_and_bad_answers_never_hold_back_a_good_job(tmp_path):
+    """Every job is asked at once, whatever the others answered: bad answers (here: no part on this node)
+    never hold back a good job. While no job has been found on this node (a wrong --collector.slurm.node-name
+    answers every job so), only one of the jobs that answered badly is asked again a backoff, the longest
+    waiting first: one call, not one per job. A left-over job's "Invalid job id" proves nothing. Each bad job
+    is logged once (an hour), without a recovered/failed pair per backoff."""
     command, state, asked = job_answers(tmp_path, {str(j): record(j, node="gpu08") for j in (41, 42, 43)})
     root = tmp_path / "cgroup"
-    for job in (41, 42, 43):
+    for job in (40, 41, 42, 43):  # 40 ended: scontrol says "Invalid job id"
         slurm_v2_job(root, job, [])
     clock, errors = FakeClock(), []
-    slurm = reader(command, clock, errors)
-    for _ in range(3):
-        assert slurm.read(cgroups.scan(root), gpus()) == ((), False)
-        clock.advance(61)
-    assert asked() == ["41", "42", "43"]  # one a backoff
+    with capture_logs() as events:
+        slurm = reader(command, clock, errors)
+        for _ in range(4):
+            assert slurm.read(cgroups.scan(root), gpus()) == ((), False)
+            clock.advance(61)
+    assert asked() == ["40", "41", "42", "43", "41", "42", "43"]  # all at once, then one a backoff
+    warnings = [(e["event"], e.get("job_id")) for e in events if e["log_level"] == "warning"]
+    assert warnings == [("scontrol_node_unknown", str(j)) for j in (41, 42, 43)]
+    assert not [e for e in events if e["event"] == "scontrol_recovered"]
 
     (tmp_path / "calls").unlink()
-    state.write_text(json.dumps({"41": record(41, node="gpu08"), "42": record(42), "43": record(43, idx="2")}))
-    slurm = reader(command, clock, errors)  # the node name right, job 41 the odd one, first in the scan
-    assert slurm.read(cgroups.scan(root), gpus()) == ((), False) and asked() == ["41"]
-    clock.advance(61)
+    state.write_text(json.dumps({**{str(j): record(j, node="gpu08") for j in (41, 42, 43)}, "44": record(44)}))
+    slurm_v2_job(root, 44, [])
+    slurm = reader(command, clock, errors)  # the node name right, three odd jobs scanned before the good one
     allocations, complete = slurm.read(cgroups.scan(root), gpus())
-    assert sorted(a.job_id for a in allocations) == ["42", "43"] and not complete
-    assert asked() == ["41", "42", "43", "41"]  # 41 last: then held back on its own
+    assert [a.job_id for a in allocations] == ["44"] and not complete  # at the first read
+    assert asked() == ["40", "41", "42", "43", "44"]
+    clock.advance(61)
+    slurm.read(cgroups.scan(root), gpus())
+    assert asked()[5:] == ["41", "42", "43"]  # the node name known right: each odd job on its own backoff

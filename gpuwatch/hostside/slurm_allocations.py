@@ -294,9 +294,13 @@ class SlurmAllocations:
         resolved: set[str] = set()
         live = []
         deadline = self._monotonic() + self._budget
-        # jobs that answered badly before come last: a bad one never stands before the others at each backoff
+        # Jobs never asked first, then those that answered badly, the longest waiting first. A bad answer holds
+        # back only its job; while no job has been found on this node (a wrong node-name answers every job
+        # so), at most one of them is asked again a read: one call a backoff, not one per job.
         retried = self._retry
-        for job in sorted((j for j in found.jobs if j.scheduler == "slurm"), key=lambda j: j.job_id in retried):
+        again = 0 if self._node_known else 1
+        for job in sorted((j for j in found.jobs if j.scheduler == "slurm"),
+                          key=lambda j: retried.get(j.job_id, -1.0)):
             live.append(job.job_id)
             user = self._user_name(job.uid) if job.uid is not None else ""
             minors = job.devices(self._malformed)
@@ -307,7 +311,11 @@ class SlurmAllocations:
                 continue
             answer = self._cache.get(job.job_id)
             now = self._monotonic()
-            if answer is None and now < deadline and now >= self._retry.get(job.job_id, now):
+            due = job.job_id not in retried or now >= retried[job.job_id]
+            if answer is None and now < deadline and due and (again or job.job_id not in retried
+                                                              or self._node_known):
+                if job.job_id in retried and not self._node_known:
+                    again -= 1
                 answer = self._ask(job)
             if answer is not None and not answer.mig:
                 allocations.extend(JobAllocation(by_gres[i], job.job_id, user or answer.user, "scontrol")
@@ -346,14 +354,12 @@ class SlurmAllocations:
             return None
         if not answer.on_node:
             self._retry[job.job_id] = self._monotonic() + self._backoff
-            message = f"job {job.job_id} has no part on node {self._node!r} in scontrol's answer"
-            hint = "set --collector.slurm.node-name to this node's Slurm NodeName (slurmd -C prints it)"
-            if self._node_known:  # the node name is right (a job was found on it): this job's answer only
-                self._scontrol.reject(job.job_id, "scontrol_node_unknown", message, hint)
-            else:  # likely a wrong node name, the same for every job: scontrol rests (one call per backoff)
-                self._scontrol.fail("scontrol_node_unknown", message, hint)
+            self._scontrol.reject(job.job_id, "scontrol_node_unknown", f"job {job.job_id} has no part on node "
+                                  f"{self._node!r} in scontrol's answer", "set --collector.slurm.node-name to this "
+                                  "node's Slurm NodeName (slurmd -C prints it)")
             return None
-        self._node_known = True
+        if text:  # a record with a part on this node ("Invalid job id" proves nothing): node-name is right
+            self._node_known = True
         self._retry.pop(job.job_id, None)
         if answer.mig:
             self._scontrol.note("scontrol_mig_gres", f"job {job.job_id} holds MIG devices as GRES: their "
