@@ -80,7 +80,7 @@ class Nvml:
         raw = info["state"]
         state = STATES.get(raw)
         if state is None and raw != _NOT_SUPPORTED:  # an enum value NVML does not define: no state, counted
-            q.plausible(raw, 0, max(STATES), "fabric_state")
+            q.plausible(raw, 0, max(STATES), "fabric_state", whole=True)
         mask = info.get("health_mask")
         health = {}
         configuration = None
@@ -95,7 +95,7 @@ class Nvml:
         raw_summary = info.get("health_summary") or _NOT_SUPPORTED
         summary = SUMMARIES.get(raw_summary)
         if summary is None and raw_summary != _NOT_SUPPORTED:  # as the state's
-            q.plausible(raw_summary, 0, max(SUMMARIES), "fabric_health")
+            q.plausible(raw_summary, 0, max(SUMMARIES), "fabric_health", whole=True)
         return Fabric(state, info["status"] if state == "completed" else None, health,
                       _uuid(info["cluster_uuid"]), int(info["clique_id"]), summary, configuration)
 

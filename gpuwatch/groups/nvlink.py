@@ -202,8 +202,7 @@ class Nvml:
             elif state is not None:
                 # a state NVML does not define (a newer driver's, or garbage): counted as implausible, and the link
                 # is in neither gpuwatch_nvlink_links count (active + inactive fall short of the links while it is)
-                high = -1 if type(state) is float and not state.is_integer() else _MAX_STATE
-                plausible(state, 0, high, "nvlink_link_state")
+                plausible(state, 0, _MAX_STATE, "nvlink_link_state", whole=True)
         errors = {}
         for name, keys in self.errors:
             what = self.what[name]
