@@ -269,7 +269,7 @@ def test_nvlink_that_cannot_be_read_is_an_unsupported_feature(tmp_path):
 
 def test_hostile_field_values_are_left_out_and_the_other_readings_stay(tmp_path):
     """A recovery action of NaN (a double) or -1 (signed), a C2C error count of 2.5 and an NVLink5 counter of
-    inf are no readings: left out (the recovery action logged once), never an exception that would take the
+    inf are no readings: left out (logged once per GPU and reading, counted), never an exception that would take the
     GPU's other readings with it, never a drain on a number that is no action."""
     node = fakenvml.FakeNode.gb200(2)
     node.gpus[0].fields[230] = ("d", float("nan"))
@@ -288,7 +288,11 @@ def test_hostile_field_values_are_left_out_and_the_other_readings_stay(tmp_path)
     assert value(samples, "gpuwatch_c2c_errors_total", error="crc", **g0) is None
     assert value(samples, "gpuwatch_nvlink_errors_total", error="recovery_successful", **g0) is None
     assert value(samples, "gpuwatch_nvlink_errors_total", error="recovery_failed", **g0) == 0
-    assert [e["event"] for e in events].count("implausible_recovery_action") == 2
+    implausible = [e for e in events if e["event"] == "nvml_reading_implausible"]
+    assert sorted((e["reading"], e["gpu"]) for e in implausible if e["reading"] == "recovery_action") == [
+        ("recovery_action", "0"), ("recovery_action", "1")]
+    # counted too: the two recovery actions, the C2C count and GPU 0's 18 NVLink5 counters of the slow poll
+    assert value(samples, "gpuwatch_poll_errors_total", tier="slow", error="implausible_value") == 2 + 1 + 18
     assert not [e for e in events if e["event"] in ("group_read_failed", "poll_failed")]
 
 

@@ -7,7 +7,8 @@ reboot, draining peer-to-peer traffic, ... (``ACTIONS``). Older drivers answer t
 feature ``recovery_action`` 0. ``gpuwatch_recovery_action`` is sparse: present only while the driver asks
 for an action (0, none, is what almost every GPU says forever; the series budget has no room for it).
 A value this table does not know is logged once per GPU and value, and exported as the driver's
-number, never given a meaning; the rule recovery_action_required calls it unknown.
+number, never given a meaning; the rule recovery_action_required calls it unknown. No enum value at all
+(NaN, a fraction, a negative or anything above 255) is left out and counted (Query.plausible).
 
 The driver also reports a change as XID 154 (and the event nvmlEventTypeGpuRecoveryAction): the xid
 group counts it like any XID; the action itself is read at the next slow poll (at most one slow
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, whole
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 from gpuwatch.logs import get_logger
 
 FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -46,7 +47,7 @@ class Nvml:
     def __init__(self, dev: Device) -> None:
         self.supported = dev.field(FIELD, "slow")
         dev.feature("recovery_action", self.supported)
-        self.unknown: set[int | str] = set()  # values logged once
+        self.unknown: set[int] = set()  # values logged once
 
     def read_fast(self, q: Query) -> None:
         return None
@@ -55,15 +56,10 @@ class Nvml:
         value = q.field(FIELD) if self.supported else None
         if value is None:
             return Recovery()
-        action = whole(value, _MAX_ACTION)
-        if action is None:  # not an enum value at all (NaN, negative, huge): no reading, said once
-            if "implausible" not in self.unknown:
-                self.unknown.add("implausible")
-                get_logger(component="recovery").warning(
-                    "implausible_recovery_action", value=repr(value),
-                    hint="the driver answered field 230 with something that is no recovery action; it is left out "
-                         "(no gpuwatch_recovery_action, no recovery_action_required): check `nvidia-smi -q`")
+        plausible = q.plausible(value, 0, _MAX_ACTION, "recovery_action", whole=True)
+        if plausible is None:  # not an enum value at all (NaN, negative, huge): no reading, logged and counted
             return Recovery()
+        action = int(plausible)
         if action not in ACTIONS and action not in self.unknown:
             self.unknown.add(action)
             get_logger(component="recovery").warning(
