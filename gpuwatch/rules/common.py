@@ -44,8 +44,17 @@ def reasons_active(reasons: tuple[str, ...], unless: tuple[str, ...] = ()) -> Ca
     ``predicates`` (``sample_share`` reads it by the name the rule gives it)."""
 
     def predicate(sample: FastSample) -> bool:
+        # loops, not any() over generators: called for every GPU's every fast sample (a generator costs ~0.3 µs)
         active = sample.clocks.clocks_event_active
-        return any(active.get(r, False) for r in reasons) and not any(active.get(r, False) for r in unless)
+        for reason in reasons:
+            if active.get(reason):
+                break
+        else:
+            return False
+        for reason in unless:
+            if active.get(reason):
+                return False
+        return True
 
     return predicate
 

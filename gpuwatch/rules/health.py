@@ -8,6 +8,7 @@ and keep their state.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping
 
 from gpuwatch.groups.recovery import ACTIONS as RECOVERY_ACTIONS
@@ -136,20 +137,19 @@ def _busy(sample: FastSample | None, config: RuleConfig) -> bool | None:
 
 def _sample_near(window: Window, uuid: str, when: float | None) -> FastSample | None:
     """The fast sample closest to monotonic time ``when`` (within the fast staleness bound); of
-    two equally close, the older."""
+    two equally close, the older. The closest is one of the two around ``when``: found by bisection,
+    not by walking the samples of twice the staleness bound (40 of them per GPU at 0.5 s polls)."""
     if when is None:
         return None
     history = window.history(uuid)
-    times, samples, staleness = history.times, history.samples, window.fast_staleness
+    times, samples, start, end = history.times, history.samples, history.start, history.end
+    i = bisect.bisect_left(times, when, start, end)  # times[i - 1] < when <= times[i]
     best: tuple[float, FastSample] | None = None
-    for i in range(history.index(window.since(window.now - when + staleness)), history.end):
-        t, sample = times[i], samples[i]
-        gap = abs(t - when)
-        if gap <= staleness:
-            if best is None or gap < best[0]:
-                best = (gap, sample)
-        elif t > when:
-            break  # later samples are further away still
+    for j in (i - 1, i):  # the older first: it stays on a tie
+        if start <= j < end:
+            gap = abs(times[j] - when)
+            if gap <= window.fast_staleness and (best is None or gap < best[0]):
+                best = (gap, samples[j])
     return None if best is None else best[1]
 
 

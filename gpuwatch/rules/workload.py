@@ -23,6 +23,12 @@ from gpuwatch.rules.base import GpuRule, RuleConfig, Window, needs_any
 from gpuwatch.rules.common import gpu_label
 
 
+def _known(values: list[float | None]) -> list[float]:
+    """``values`` without the samples that had no reading (a copy only when there are some: a window of
+    the activity column is 120 values per GPU at 0.5 s polls)."""
+    return [v for v in values if v is not None] if None in values else values  # type: ignore[return-value]
+
+
 def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
     fast = window.fast(uuid)
     state = window.gpu(uuid)
@@ -32,9 +38,10 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
         return _idle_mig_instances(window, uuid, config)
     history = window.history(uuid)
     lo = history.index(window.since(config["window_seconds"]))
-    busiest = max((u for u in window.column(uuid, "activity")[lo:history.end] if u is not None), default=None)
-    if busiest is None:
+    values = _known(window.column(uuid, "activity")[lo:history.end])
+    if not values:
         return None
+    busiest = max(values)
     measure = "SM active" if fast.gpm.sm_active_ratio is not None else "busy"
     memory = fast.memory.memory_used_bytes or 0
     host = window.host(uuid)
@@ -136,7 +143,7 @@ def _input_bound(window: Window, uuid: str, config: RuleConfig) -> Observation |
         return None  # the jobs group has not read the job twice yet (or is off): cannot tell
     history = window.history(uuid)
     lo = history.index(window.since(config["window_seconds"]))
-    values = [u for u in window.column(uuid, "activity")[lo:history.end] if u is not None]
+    values = _known(window.column(uuid, "activity")[lo:history.end])
     if not values:
         return None
     mean = sum(values) / len(values)
