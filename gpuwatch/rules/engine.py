@@ -409,6 +409,13 @@ class Engine:
         track = self._tracks.get(key)
         if track is None:
             track = self._tracks[key] = _Track()
+        elif obs is not None and not obs.active and track.state == "quiet":
+            # Quiet and still quiet (almost every rule on almost every GPU at every evaluation): nothing
+            # moves but the last observation; the Anomaly shown stays unless the severity or the label did.
+            track.last = obs
+            shown = track.shown
+            if shown is not None and shown[0] == config.severity and shown[1] == gpu:
+                return track.anomaly  # type: ignore[return-value]  # set with shown
         if obs is not None:
             state, active = track.state, obs.active
             if active or state == "quiet" or state == "pending" or track.last is None:
