@@ -7,7 +7,7 @@ open (as Prometheus scrapes), over plain HTTP or TLS:
 The daemon polls every 30 s, so the scrapes find the body rendered and gzipped: what is measured is the
 HTTP path (accept, handshake, request parsing, the send) and the wake-ups, each scrape on a vCPU that idled
 half a second. The figure is the process's utime + stime from /proc/PID/stat over the scrapes minus the
-fake library's own CPU, divided by the scrapes (10 ms ticks: ±0.1 ms at 100 scrapes). Runs gpuwatch from
+fake library's own CPU, divided by the scrapes (in nanoseconds: bench.Exporter.cpu_seconds). Runs gpuwatch from
 bench.py's virtual environment (``bench/bench.py --only gpuwatch --gpus 8`` makes it; install this tree
 into it first as bench.py does). Certificates for --tls are made with the openssl CLI.
 """

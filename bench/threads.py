@@ -10,8 +10,8 @@ in nanoseconds from ``/proc/PID/task/TID/schedstat`` at the start and the end of
 number of timeslices (how often the thread was woken or preempted). Python 3.11 does not give its threads
 names the kernel sees; for this measurement only, a ``sitecustomize`` put on the measured process's path
 names each thread after its Python name (``prctl(PR_SET_NAME)``, 15 characters). The process's own figure
-is bench.py's: utime + stime from /proc/PID/stat minus the CPU time spent inside the fake library (in 10 ms
-ticks, so long windows); the events thread's row includes the fake library's wait, which polls its state
+is bench.py's: utime + stime (/proc/PID/stat's figure, in nanoseconds) minus the CPU time spent inside the
+fake library; the events thread's row includes the fake library's wait, which polls its state
 file every 10 ms where a real driver blocks in the kernel.
 """
 
