@@ -1,5 +1,6 @@
 """The rule engine's state machine: hold before firing, clear before resolving, one event per transition."""
 
+import dataclasses
 import json
 
 import pytest
@@ -368,3 +369,55 @@ def test_a_fast_poll_that_does_not_run_the_rules_builds_no_snapshot(monkeypatch)
     clock.advance(4)
     agent.poller.poll_fast()  # the rules run: they see a snapshot
     assert built and len(agent.engine._history[uuid]) == before + 4
+
+
+def scripted_rule(script, severity="warning"):
+    """A rule that observes what ``script`` says, in order: (active, whether its summary raises)."""
+
+    def evaluate(window, uuid, config):
+        active, broken = script.pop(0)
+
+        def summary():
+            if broken:
+                raise ValueError("summary bug")
+            return "scripted"
+
+        return Observation(active, 1.0, 0.0, summary)
+
+    return GpuRule(id="scripted", severity=severity, hold_seconds=0, clear_seconds=0, condition="as scripted",
+                   evaluate=evaluate)
+
+
+def test_a_summary_that_raises_costs_its_text_not_the_evaluation_nor_the_resolution(capsys):
+    """A rule fires, then its summary raises on the observation that resolves it: the evaluation still
+    returns every verdict (the other rule's too), the anomaly resolves (logged with a placeholder summary,
+    counted as the rule's error) and stays resolved; a firing anomaly whose summary raises shows a placeholder."""
+    script = [(True, False), (False, True), (False, False), (False, False), (True, True)]
+    node = Node(rules=(scripted_rule(script), RULES[0]))
+    seen = []
+    for _ in range(5):
+        result = node.poll(50)
+        assert set(result) == {"scripted", "too_hot"}
+        seen.append(result["scripted"].firing)
+    assert seen == [True, False, False, False, True]
+    assert "could not be written (ValueError" in result["scripted"].summary
+    log = events(capsys)
+    resolved = [e for e in log if e["event"] == "anomaly_resolved"]
+    assert len(resolved) == 1 and "could not be written" in resolved[0]["summary"]
+    assert [e["event"] for e in log].count("rule_failed") == 1  # once per rule and GPU
+    assert node.engine.counters()[1]["scripted"] == 3  # the resolution's log, the firing Anomaly and its log
+
+
+def test_a_quiet_rule_shows_a_new_severity_and_a_new_gpu_label():
+    """A rule that stays quiet keeps its Anomaly from one evaluation to the next, until what it shows changes:
+    a severity reconfigured, the GPU's index under the same uuid."""
+    script = [(False, False)] * 4
+    rule = scripted_rule(script)
+    node = Node(rules=(rule,))
+    first = node.poll(50)["scripted"]
+    assert node.poll(50)["scripted"] is first and first.severity == "warning"
+    node.engine.reconfigure(build_configs((rule,), {"scripted": {"severity": "critical"}}))
+    assert node.poll(50)["scripted"].severity == "critical"
+    moved = DiscoveredGpu(dataclasses.replace(node.gpu.identity, index=3), H200_FEATURES)
+    node.store.set_gpus([moved])
+    assert node.poll(50)["scripted"].gpu == "3"

@@ -363,16 +363,17 @@ class Engine:
                 self._kept[rule.id] = (now, kept_targets, result[first:])
         return tuple(result)
 
-    def _failed(self, rule: Rule, uuid: str | None, gpu: str | None, exc: Exception) -> None:
+    def _failed(self, rule: Rule, uuid: str | None, gpu: str | None, exc: Exception,
+                hint: str = "a bug in this rule: its state on this GPU is frozen") -> None:
         """Count the failure; log it once per (rule, GPU). The caller then observes nothing (None): the
-        rule's state on that GPU stays as it was."""
+        rule's state on that GPU stays as it was (or, for a summary, the anomaly goes on with a placeholder)."""
         self._errors[rule.id] = self._errors.get(rule.id, 0) + 1
         if (rule.id, uuid) not in self._failed_logged:
             self._failed_logged.add((rule.id, uuid))
             self._log.error("rule_failed", rule=rule.id, gpu=gpu, uuid=uuid, error=f"{type(exc).__name__}: {exc}",
                             exc_info=exc,
-                            hint="a bug in this rule: its state on this GPU is frozen, the other rules and GPUs are "
-                                 "evaluated as usual (gpuwatch_rule_evaluation_errors_total); please report it")
+                            hint=f"{hint}, the other rules and GPUs are evaluated as usual "
+                                 "(gpuwatch_rule_evaluation_errors_total); please report it")
 
     def _applies(self, rule: GpuRule, state: GpuState) -> bool:
         try:
@@ -414,7 +415,8 @@ class Engine:
             # moves but the last observation; the Anomaly shown stays unless the severity or the label did.
             track.last = obs
             shown = track.shown
-            if shown is not None and shown[0] == config.severity and shown[1] == gpu:
+            # shown of a state that does not fire: since_wall None, onsets current (they change only on firing)
+            if shown is not None and not shown[2] and shown[0] == config.severity and shown[1] == gpu:
                 return track.anomaly  # type: ignore[return-value]  # set with shown
         if obs is not None:
             state, active = track.state, obs.active
@@ -452,7 +454,7 @@ class Engine:
                 rule=rule.id, severity=config.severity, uuid=uuid, gpu=gpu, firing=firing,
                 since_wall=track.since_wall, onsets=track.onsets,
                 value=None if last is None else last.value, threshold=None if last is None else last.threshold,
-                summary="" if last is None else last.summary,
+                summary="" if last is None else self._summary(rule, uuid, gpu, last),
             )
         return track.anomaly  # type: ignore[return-value]
 
@@ -463,7 +465,18 @@ class Engine:
             method = self._log.info
         method(event, rule=rule.id, gpu=gpu, uuid=uuid, severity=config.severity,
                value=None if obs is None else obs.value, threshold=None if obs is None else obs.threshold,
-               summary=None if obs is None else obs.summary)
+               summary=None if obs is None else self._summary(rule, uuid, gpu, obs))
+
+    def _summary(self, rule: Rule, uuid: str | None, gpu: str | None, obs: Observation) -> str:
+        """The observation's summary; one whose text cannot be made (a bug in the rule's summary function) is
+        counted and logged as the rule's failure and named so, never an exception out of the evaluation (it
+        took every rule's verdicts of that evaluation with it, and a resolving anomaly's state)."""
+        try:
+            return obs.summary
+        except Exception as exc:
+            self._failed(rule, uuid, gpu, exc, hint="a bug in this rule's summary: the anomaly is reported, "
+                                                    "with a placeholder for its summary")
+            return f"{rule.id}: its summary could not be written ({type(exc).__name__}; a gpuwatch bug)"
 
 
 def summarize(anomalies: Iterable[Anomaly]) -> list[Anomaly]:
