@@ -38,6 +38,8 @@ class _Gpu:
     fast: tuple[tuple[str, str, NvmlReader], ...] = ()  # (group, FastSample attribute, reader)
     slow: tuple[tuple[str, str, NvmlReader], ...] = ()
     batches: dict[str, Batch] = field(default_factory=dict)  # tier -> its field-values call
+    # tier -> (group, attribute, the reader's bound read_fast/read_slow, the group's share of the batch's time)
+    reads: dict[str, tuple[tuple[str, str, Callable[[Any], Any], float], ...]] = field(default_factory=dict)
     # the NVML events its groups asked for: (event type mask, the feature a refused registration turns off, the
     # handler of a stateful call or None: delivered by wait_events); what could not be registered is dropped
     events: tuple[tuple[int, str | None, Callable[[str], None] | None], ...] = ()
@@ -176,7 +178,7 @@ class NvmlBackend:
                     raise unavailable(exc) from None
                 # lost while probing: no reading is prepared, so no poll would ever call NVML for it and
                 # it would show up with no readings; every read reports it lost instead
-                gpu.features, gpu.fast, gpu.slow, gpu.batches = {}, (), (), {}
+                gpu.features, gpu.fast, gpu.slow, gpu.batches, gpu.reads = {}, (), (), {}, {}
                 gpu.lost_while_probing = True
             devices[identity.uuid] = gpu
             errors: tuple[str, ...] = ()
@@ -231,6 +233,12 @@ class NvmlBackend:
         gpu.fast, gpu.slow, gpu.features = tuple(fast), tuple(slow), dev.features
         gpu.events = tuple(dev.event_requests)
         gpu.batches = {tier: Batch(owners) for tier, owners in dev.used.items() if owners}
+        shares = {tier: batch.shares for tier, batch in gpu.batches.items()}
+        gpu.reads = {
+            "fast": tuple((name, attr, reader.read_fast, shares.get("fast", _NO_SHARES).get(name, 0.0))
+                          for name, attr, reader in gpu.fast),
+            "slow": tuple((name, attr, reader.read_slow, shares.get("slow", _NO_SHARES).get(name, 0.0))
+                          for name, attr, reader in gpu.slow)}
 
     def _probe_fields(self, handle: Any) -> dict[int, int | None]:
         """The enabled groups' field ids this GPU answers (one call), with the value type each answered in."""
@@ -283,28 +291,30 @@ class NvmlBackend:
             raise DeviceLost(uuid, "NVML: GPU is lost (it was lost while gpuwatch probed it at discovery)")
         q = Query(uuid, gpu.implausible, gpu.index)
         clock = time.perf_counter
-        batch_seconds, shares = 0.0, _NO_SHARES
+        batch_seconds = 0.0
         batch = gpu.batches.get(tier)
+        started = clock()
         if batch is not None:
-            started = clock()
             q.load(batch, gpu.handle)
-            batch_seconds, shares = clock() - started, batch.shares
-        fast = tier == "fast"
+            now = clock()
+            batch_seconds, started = now - started, now
         readings: dict[str, Any] = {}
         collected = []
         errors, field_errors = q.errors, q.field_errors
-        for name, attr, reader in gpu.fast if fast else gpu.slow:
+        # each group's time runs from the previous group's end (one clock read per group), plus its share of the batch
+        for name, attr, read, share in gpu.reads.get(tier, ()):
             before = len(errors)
-            started = clock()
             try:
-                readings[attr] = reader.read_fast(q) if fast else reader.read_slow(q)
+                readings[attr] = read(q)
             except (DeviceLost, BackendUnavailable):
                 raise
             except Exception as exc:  # a bug, or an answer the group did not expect: that group, that GPU only
                 errors.append("internal")
                 self._group_failed(uuid, name, exc)
-            seconds = clock() - started + batch_seconds * shares.get(name, 0.0)
-            collected.append((name, seconds, len(errors) == before and not field_errors.get(name)))
+            now = clock()
+            collected.append((name, now - started + batch_seconds * share,
+                              len(errors) == before and not field_errors.get(name)))
+            started = now
         return readings, errors, tuple(collected)
 
     def _group_failed(self, uuid: str, group: str, exc: Exception) -> None:
