@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups import (  # noqa: F401 - the samples are part of the model
     FEATURES,
     FastSample,
@@ -90,6 +91,7 @@ def slowdown_headroom(fast: FastSample | None, slow: SlowSample | None) -> tuple
     return slowdown - fast.thermal.temperature_celsius, slowdown
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class GpuState:
     """Everything the store knows about one GPU at one moment."""

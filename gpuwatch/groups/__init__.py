@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups import (
     c2c,
     clocks,
@@ -81,6 +82,7 @@ SPECS: tuple[Spec, ...] = tuple(spec for g in GROUPS for spec in g.specs)
 
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class FastSample:
     """One GPU's readings of the fast tier (default every 2 s), one attribute per group."""

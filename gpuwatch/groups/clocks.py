@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups import fieldids
 from gpuwatch.groups.base import MAX_COUNTER, Call, Device, Emit, G, Group, Query, Spec
 
@@ -83,6 +84,7 @@ def _decode(mask: int, supported: int) -> Mapping[str, bool]:
         name: bool(mask & bit) for name, bit in CLOCKS_EVENT_REASON_BITS.items() if supported & bit})
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Clocks:
     clock_hertz: Mapping[str, float] = field(default_factory=dict)  # graphics, sm, memory (video: slow)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups.base import Call, Device, Emit, G, Group, Query, Spec, Unsupported, whole
 
 MAX_FANS = 32  # more than any board has: a larger count is garbage, capped (as NVLink's link count)
@@ -18,6 +19,7 @@ _MAX_PERCENT = 200  # speed and target: NVML documents that the speed may exceed
 _MAX_RPM = 100_000
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class FanReading:
     fan: int

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, Unsupported
 
 # NVML_GPM_METRIC_* ids (values in %, PCIe in MiB/s)
@@ -51,6 +52,7 @@ _WHAT = {_SM_ACTIVE: "gpm_sm_active", _SM_OCCUPANCY: "gpm_sm_occupancy", _GRAPHI
          **{m: f"gpm_pcie_{d}_rate" for d, m in _PCIE.items()}}
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Gpm:
     sm_active_ratio: float | None = None  # share of SMs with at least one warp, averaged over the interval

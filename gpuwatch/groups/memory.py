@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Memory:
     memory_total_bytes: int | None = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, G, Group, Query, Spec, Unsupported
 from gpuwatch.groups.gpm import percent_ratio
 
@@ -40,6 +41,7 @@ class MigInstance:
     profile: str = ""  # "3g.40gb"
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class MigReading:
     """One MIG instance's readings of a fast poll."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups import fieldids
 from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, G, Group, Query, Spec
 
@@ -43,6 +44,7 @@ _LIMIT_WHAT = {"enforced": "power_limit_watts{limit=enforced}", "default": "powe
 _PSTATE_UNKNOWN = 32  # NVML_PSTATE_UNKNOWN
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Power:
     power_watts: float | None = None

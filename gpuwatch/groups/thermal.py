@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 
 _TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
@@ -29,6 +30,7 @@ _THRESHOLD_WHAT = {name: f"temperature_threshold_celsius{{threshold={name}}}" fo
 _TLIMIT_WHAT = {name: f"temperature_margin_threshold_celsius{{threshold={name}}}" for name in _TLIMIT.values()}
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Temperatures:
     temperature_celsius: float | None = None

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuwatch.frozen import quick
 from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
 
 ENGINES: tuple[str, ...] = ("gpu", "memory", "encoder", "decoder")
 
 
+@quick  # built for every GPU at every poll (gpuwatch/frozen.py)
 @dataclass(frozen=True, slots=True)
 class Utilization:
     utilization_ratio: Mapping[str, float] = field(default_factory=dict)  # engine -> 0..1
