@@ -294,6 +294,27 @@ def test_overheating_of_the_memory_where_it_has_a_limit():
     assert evaluate("overheating", window(snapshot(gpu(0, h200_fast(60.0), no_thresholds)))) is None
 
 
+def test_the_runaway_blocks_are_where_the_block_of_each_time_says():
+    """_block_means finds the thirds of its span without a key function; each sample is in the block that
+    min(2, int((t - start) // width)) names, also a sample at a block's start or a rounding step off it."""
+    from gpuwatch.rules.thermal import _block_means
+
+    rule = RULES["thermal_runaway"]
+    for span in (60.0, 30.0, 10.0, 7.0):
+        start, width = NOW - span, span / 3
+        edges = [start + width, start + 2 * width]
+        for times in ([NOW - span + 0.5 * k for k in range(int(span * 2) + 1)],
+                      sorted({NOW - span + 1.0 * k for k in range(int(span) + 1)}
+                             | {e for edge in edges for e in (edge, math.nextafter(edge, 0), math.nextafter(edge, NOW))})):
+            history = [(t, h200_fast(float(i))) for i, t in enumerate(times)]
+            expected = [[], [], []]
+            for i, t in enumerate(times):
+                if t >= start:
+                    expected[min(2, int((t - start) // width))].append(float(i))
+            win = Window(snapshot(gpu(0)), {uuid_of(0): history}, 6.0, now=NOW).for_rule(rule)
+            assert _block_means(win, uuid_of(0), span) == [sum(b) / len(b) for b in expected]
+
+
 def test_project_seconds_to_slowdown():
     """Linear when the rise does not slow down; Aitken's plateau when it does."""
     assert project_seconds_to(89.0, 80.0, [70.0, 73.0, 76.0], 20.0) == pytest.approx((89 - 80) / (3 / 20))

@@ -66,11 +66,19 @@ def _block_means(window: Window, uuid: str, span: float) -> list[float] | None:
     if lo == end:
         return None
 
-    def block(t: float) -> int:
-        return min(2, int((t - start) // width))
-
-    b1 = bisect.bisect_left(history.times, 1, lo, end, key=block)
-    b2 = bisect.bisect_left(history.times, 2, b1, end, key=block)
+    # The first sample of the second and of the third block: bisect_left(times, n, ..., key=block) for
+    # block(t) = min(2, int((t - start) // width)), found without a key (about 1 µs a GPU less): bisected on the
+    # times about the block's start, then stepped to where that key says it begins (rounding: a sample, or none).
+    times, bounds, b = history.times, [], lo
+    for n in (1, 2):
+        low = b
+        b = bisect.bisect_left(times, start + n * width, low, end)
+        while b > low and (times[b - 1] - start) // width >= n:
+            b -= 1
+        while b < end and (times[b] - start) // width < n:
+            b += 1
+        bounds.append(b)
+    b1, b2 = bounds
     temperatures = window.column(uuid, "temperature")
     means = []
     for a, b in ((lo, b1), (b1, b2), (b2, end)):
