@@ -88,13 +88,17 @@ def _die_with_parent() -> None:
 
 
 def proc_figures(pid: int) -> dict:
-    """VmRSS, threads and open file descriptors of ``pid``. Threads and descriptors are the least of four
-    reads 100 ms apart: a scrape's socket or scontrol's pipes (the fake scontrol runs ~0.1 s) that are open
-    at the instant of one read are not what stays open (a leak is in all four reads)."""
+    """VmRSS (and its RssAnon and RssFile parts), threads and open file descriptors of ``pid``. Threads and
+    descriptors are the least of four reads 100 ms apart: a scrape's socket or scontrol's pipes (the fake
+    scontrol runs ~0.1 s) that are open at the instant of one read are not what stays open (a leak is in all
+    four reads)."""
     rss = None
+    parts: dict[str, int] = {}  # RssAnon (the heaps: Python's arenas, malloc's), RssFile (mapped files), in bytes
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             rss = int(line.split()[1]) * 1024
+        elif line.startswith(("RssAnon:", "RssFile:")):
+            parts[line.split(":")[0]] = int(line.split()[1]) * 1024
     reads = []
     for k in range(4):
         if k:
@@ -105,7 +109,8 @@ def proc_figures(pid: int) -> dict:
         with contextlib.suppress(OSError):
             name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
             names[name] = names.get(name, 0) + 1
-    return {"rss_bytes": rss, "threads": min(t for t, _ in reads), "fds": min(f for _, f in reads),
+    return {"rss_bytes": rss, "rss_anon_bytes": parts.get("RssAnon"), "rss_file_bytes": parts.get("RssFile"),
+            "threads": min(t for t, _ in reads), "fds": min(f for _, f in reads),
             "threads_max_read": max(t for t, _ in reads), "fds_max_read": max(f for _, f in reads),
             "thread_names": dict(sorted(names.items()))}
 
