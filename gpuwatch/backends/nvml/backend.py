@@ -17,7 +17,6 @@ from gpuwatch.backends.nvml.codes import BACKEND_GONE, LOST, UNSUPPORTED, follow
 from gpuwatch.backends.nvml.funnel import Probe, Query
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups import Selection, fieldids
-from gpuwatch.groups.base import NvmlReader
 from gpuwatch.logs import get_logger
 from gpuwatch.model import DiscoveredGpu, DriverInfo, FastSample, GpuIdentity, SlowSample, XidEvent
 
@@ -35,8 +34,6 @@ class _Gpu:
     handle: Any
     identity: GpuIdentity
     features: dict[str, bool] = field(default_factory=dict)
-    fast: tuple[tuple[str, str, NvmlReader], ...] = ()  # (group, FastSample attribute, reader)
-    slow: tuple[tuple[str, str, NvmlReader], ...] = ()
     batches: dict[str, Batch] = field(default_factory=dict)  # tier -> its field-values call
     # tier -> (group, attribute, the reader's bound read_fast/read_slow, the group's share of the batch's time)
     reads: dict[str, tuple[tuple[str, str, Callable[[Any], Any], float], ...]] = field(default_factory=dict)
@@ -178,7 +175,7 @@ class NvmlBackend:
                     raise unavailable(exc) from None
                 # lost while probing: no reading is prepared, so no poll would ever call NVML for it and
                 # it would show up with no readings; every read reports it lost instead
-                gpu.features, gpu.fast, gpu.slow, gpu.batches, gpu.reads = {}, (), (), {}, {}
+                gpu.features, gpu.batches, gpu.reads = {}, {}, {}
                 gpu.lost_while_probing = True
             devices[identity.uuid] = gpu
             errors: tuple[str, ...] = ()
@@ -230,15 +227,15 @@ class NvmlBackend:
                 fast.append((group.name, group.fast, reader))
             if group.slow is not None:
                 slow.append((group.name, group.slow, reader))
-        gpu.fast, gpu.slow, gpu.features = tuple(fast), tuple(slow), dev.features
+        gpu.features = dev.features
         gpu.events = tuple(dev.event_requests)
         gpu.batches = {tier: Batch(owners) for tier, owners in dev.used.items() if owners}
         shares = {tier: batch.shares for tier, batch in gpu.batches.items()}
         gpu.reads = {
             "fast": tuple((name, attr, reader.read_fast, shares.get("fast", _NO_SHARES).get(name, 0.0))
-                          for name, attr, reader in gpu.fast),
+                          for name, attr, reader in fast),
             "slow": tuple((name, attr, reader.read_slow, shares.get("slow", _NO_SHARES).get(name, 0.0))
-                          for name, attr, reader in gpu.slow)}
+                          for name, attr, reader in slow)}
 
     def _probe_fields(self, handle: Any) -> dict[int, int | None]:
         """The enabled groups' field ids this GPU answers (one call), with the value type each answered in."""
