@@ -87,6 +87,32 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+ARENA_SPAN = 64 << 20  # glibc's HEAP_MAX_SIZE on 64-bit: a thread's malloc arena starts on a 64 MiB boundary
+
+
+def anon_parts(pid: int) -> dict[str, int]:
+    """The anonymous resident memory of ``pid`` by where it lives, in bytes, from /proc/PID/smaps: ``heap``
+    (malloc's main arena, grown by brk), ``thread_arenas`` (malloc's per-thread arenas: anonymous mappings on a
+    64 MiB boundary), ``other`` (Python's 1 MiB object arenas, malloc's mmap'd large blocks, thread stacks) and
+    ``other_maps`` (how many such mappings: Python's arenas come and go one mapping at a time) and ``named``
+    (the stack, and the pages of mapped files written to: a library's relocated data). Their sum is RssAnon."""
+    parts = {"heap": 0, "thread_arenas": 0, "other": 0, "other_maps": 0, "named": 0}
+    kind = None
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/smaps", "rb") as f:
+        for raw in f:
+            head = raw.split(None, 6)
+            if head and b"-" in head[0] and not head[0].endswith(b":"):  # a mapping's first line
+                start = int(head[0].split(b"-")[0], 16)
+                name = head[5].strip() if len(head) > 5 else b""
+                kind = ("heap" if name == b"[heap]" else "named" if name else
+                        "thread_arenas" if start % ARENA_SPAN == 0 else "other")
+                if kind == "other" and b"w" in head[1]:
+                    parts["other_maps"] += 1
+            elif kind and head and head[0] == b"Anonymous:":
+                parts[kind] += int(head[1]) * 1024
+    return parts
+
+
 def proc_figures(pid: int) -> dict:
     """VmRSS (and its RssAnon and RssFile parts), threads and open file descriptors of ``pid``. Threads and
     descriptors are the least of four reads 100 ms apart: a scrape's socket or scontrol's pipes (the fake
@@ -110,6 +136,7 @@ def proc_figures(pid: int) -> dict:
             name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
             names[name] = names.get(name, 0) + 1
     return {"rss_bytes": rss, "rss_anon_bytes": parts.get("RssAnon"), "rss_file_bytes": parts.get("RssFile"),
+            "anon": anon_parts(pid),
             "threads": min(t for t, _ in reads), "fds": min(f for _, f in reads),
             "threads_max_read": max(t for t, _ in reads), "fds_max_read": max(f for _, f in reads),
             "thread_names": dict(sorted(names.items()))}
