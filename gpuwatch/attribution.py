@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo
 
 _SLURM_JOB = re.compile(r"/job_([0-9]{1,20})(?=/|$)")
@@ -39,9 +40,19 @@ def user_name(uid: int) -> str:
     """The user name of ``uid``, else the number; kept (a passwd lookup may go to LDAP or SSSD, for
     every process and job at every slow poll otherwise)."""
     try:
-        return pwd.getpwuid(uid).pw_name
+        name = pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        # bytes that are not UTF-8: pwd hands them over as lone surrogates, which no /metrics body can encode
+        # (every scrape failed); the number, as for a uid without a name
+        get_logger(component="attribution").warning(
+            "host_input_skipped", source="passwd", uid=uid, reason=f"user name {ascii(name)} is not UTF-8",
+            hint="the uid is shown as a number; fix the name in the passwd database (or LDAP, SSSD)")
+        return str(uid)
+    return name
 
 
 def _small(path: Path) -> str:
