@@ -189,8 +189,18 @@ def _text(key: str) -> Callable[[Any], str]:
         text = str(value).strip()
         if "\x00" in text or "\n" in text:
             raise ConfigError(f"{key}: {value!r} has a line break or NUL in it")
-        return text
+        return _utf8(key, text)
     return parse
+
+
+def _utf8(key: str, text: str) -> str:
+    """``text``, when it is UTF-8: bytes that are not (os.environ's and argv's lone surrogates, YAML's "\\udcff")
+    made every /metrics render of a label or the landing page raise UnicodeEncodeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{key}: {shown(text)} is not UTF-8 text") from None
+    return text
 
 
 def _sim_faults(value: Any) -> tuple[str, ...]:
@@ -212,7 +222,7 @@ def _path(value: Any) -> str:
         raise ConfigError(
             f"web.telemetry-path: {value!r} must start with '/' and not be '/' or '/healthz' (e.g. /metrics)"
         )
-    return text
+    return _utf8("web.telemetry-path", text)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,14 @@ one of them in one label made every render raise UnicodeEncodeError: every scrap
 
 from __future__ import annotations
 
+import os
 import types
+
+import pytest
 
 from gpuwatch import attribution
 from gpuwatch.attribution import Attributor
+from gpuwatch.errors import ConfigError
 from gpuwatch.model import GpuProcess
 from gpuwatch.testing import identity
 
@@ -35,3 +39,30 @@ def test_a_user_name_that_is_not_utf8_is_the_uid(tmp_path, monkeypatch):
     assert sorted(i.user for i in infos) == ["4242", "alice"]
     assert all(i.user.encode("utf-8") for i in infos)
     assert [(e["event"], e["source"], e["uid"]) for e in logs] == [("host_input_skipped", "passwd", 4242)]
+
+
+@pytest.mark.parametrize(("key", "env"), [("node.rack", "GPUWATCH_NODE_RACK"), ("node.pdu", "GPUWATCH_NODE_PDU"),
+                                          ("web.telemetry-path", "GPUWATCH_WEB_TELEMETRY_PATH")])
+def test_an_option_whose_text_is_not_utf8_is_a_config_error(tmp_path, key, env):
+    """GPUWATCH_NODE_RACK=$'r\\xff' (os.environ: "r\\udcff") became gpuwatch_node_info's rack label and every
+    scrape got 500; a telemetry path so spelt made the daemon exit with a traceback (the landing page's
+    encode). Each is now a ConfigError naming the option, from the environment and from YAML's escape."""
+    from gpuwatch import config
+
+    value = "/m" + os.fsdecode(b"\xff") if key == "web.telemetry-path" else os.fsdecode(b"r\xff1")
+    with pytest.raises(ConfigError, match=f"{key}: .* is not UTF-8"):
+        config.load(environ={env: value})
+    section, name = key.split(".", 1)
+    path = tmp_path / "c.yml"
+    path.write_text(f'{section}: {{{name.replace("-", "_")}: "{ascii(value)[1:-1]}"}}\n')
+    with pytest.raises(ConfigError, match="is not UTF-8"):
+        config.load(environ={"GPUWATCH_CONFIG": str(path)})
+    assert config.load(environ={env: value.replace("\udcff", "\u00e9")})  # UTF-8 that is not ASCII: fine
+
+
+def test_the_node_info_labels_of_a_loaded_config_render(inproc):
+    """What the configuration lets through renders: a rack with text that is UTF-8, not ASCII."""
+    import fakenvml
+
+    d = inproc(fakenvml.FakeNode.h200(1), environ={"GPUWATCH_NODE_RACK": "r\u00e9\u2603"})
+    assert d.value("gpuwatch_node_info", rack="r\u00e9\u2603", row="", room="", pdu="") == 1
