@@ -460,6 +460,8 @@ HUGE = "9" * 400
         ([HEADER.replace('"fast_interval": 2.0', f'"fast_interval": {HUGE}'), FAST], ":1:",
          "'fast_interval': expected a number"),
         ([HEADER, FAST.replace("40.0", f"-{HUGE}")], ":2:", "'temperature_celsius': expected a number"),
+        # a lone surrogate (bytes that were not UTF-8) as a uuid label: every render of /metrics raised
+        ([HEADER, FAST.replace('"GPU-a"', '"GPU-\\udcff"')], ":2:", "not UTF-8 text"),
     ],
 )
 def test_malformed_traces_name_the_file_line_and_problem(tmp_path, lines, where, message):

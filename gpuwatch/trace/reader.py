@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +44,24 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed (readings are finite numbers)")
 
 
+# a "\\uD800".."\\uDFFF" escape: JSON's way to spell a lone surrogate (a pair is one character, and fine)
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _parse_line(raw: bytes) -> Any:
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        # UTF-8 only, strictly: json.loads(bytes) also takes UTF-16 and decodes surrogates encoded as UTF-8
+        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except RecursionError:  # "[[[[…": json's recursion is not a ValueError; a trace's lines nest a few levels
         raise ValueError("it nests too deeply") from None
+    if _SURROGATE.search(raw):  # a lone surrogate in a name or a key was a label no /metrics render could encode
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string in it is not UTF-8 text (a lone surrogate escape such as \"\\udcff\")") from None
+        except RecursionError:
+            raise ValueError("it nests too deeply") from None
+    return data
 
 
 def _decode_header(data: Any) -> TraceHeader:
