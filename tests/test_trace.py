@@ -326,6 +326,23 @@ def test_loop_wraps_time_and_fires_xids_again(recorded):
     assert [e.xid for e in backend.wait_events(0)] == [79, 94, 13] * 3
 
 
+@pytest.mark.parametrize(("interval", "speed"), [(1e-300, 1.0), (2.0, 1e300)])
+def test_a_loop_of_an_absurd_period_or_speed_delivers_a_bounded_number_of_xids(tmp_path, interval, speed):
+    """A header's fast_interval of 1e-300 (positive, so valid) with one XID at t=0, or a huge speed: one
+    wait_events walked 10**300 periods (the daemon spun a CPU and grew by 100 MB a second)."""
+    path = tmp_path / "tiny.jsonl"
+    header = HEADER.replace('"fast_interval": 2.0', f'"fast_interval": {interval!r}')
+    path.write_text("\n".join([header, FAST.replace("1.0", "0.0", 1),
+                                '{"t":0.0,"type":"xid","uuid":"GPU-a","xid":79}']) + "\n")
+    clock = FakeClock(wall=WALL0, monotonic=MONO0)
+    backend = ReplayBackend(read_trace(path), clock, speed=speed, loop=True)
+    backend.open()
+    for _ in range(3):
+        clock.advance(10.0)
+        events = backend.wait_events(0)
+        assert 0 < len(events) <= 100 and {e.xid for e in events} == {79}
+
+
 def test_without_loop_the_last_state_holds(recorded):
     _, trace, _ = recorded
     clock = FakeClock(wall=WALL0, monotonic=MONO0)

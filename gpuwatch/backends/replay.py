@@ -20,6 +20,7 @@ start over. Every lookup is a bisection over per-GPU time arrays: O(log n) in th
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -44,6 +45,11 @@ from gpuwatch.trace import (
 UNKNOWN_DRIVER = DriverInfo(driver_version="unknown", nvml_version="unknown", cuda_driver_version="unknown")
 # Longest real-time slice of a wait_events wait, so that close() and new events are seen promptly.
 _EVENT_POLL_SECONDS = 0.25
+# A looping replay starts over at most this often (trace seconds), and one call delivers the XIDs of at most
+# _MAX_LOOPS of its periods: a header's fast_interval of 1e-300 (positive, so valid) or a huge speed made one
+# wait_events walk 10**300 periods, spinning a CPU and piling up XIDs until the memory ran out.
+_MIN_PERIOD = 0.001
+_MAX_LOOPS = 100
 
 T = TypeVar("T")
 
@@ -85,7 +91,7 @@ class ReplayBackend:
         self._clock = clock
         self._speed = float(speed)
         self._loop = bool(loop)
-        self._period = trace.duration + trace.header.fast_interval
+        self._period = max(trace.duration + trace.header.fast_interval, _MIN_PERIOD)
         self._state: _Series[BackendUpRecord | BackendDownRecord] = _Series()
         self._discoveries: _Series[tuple[DiscoveredGpu, ...]] = _Series()
         self._gpus: dict[str, _GpuSeries] = {}
@@ -249,8 +255,9 @@ class ReplayBackend:
         times = self._xids.times
         due: list[tuple[float, XidRecord]] = []
         if self._loop and self._period > 0:
-            first = max(0, math.floor(after / self._period))
-            for k in range(first, math.floor(elapsed / self._period) + 1):
+            last = math.floor(min(elapsed / self._period, sys.float_info.max))  # inf: an absurd speed
+            first = max(0, math.floor(min(after / self._period, sys.float_info.max)), last - _MAX_LOOPS + 1)
+            for k in range(first, last + 1):
                 base = k * self._period
                 lo, hi = bisect_right(times, after - base), bisect_right(times, elapsed - base)
                 due.extend((base + times[i], self._xids.values[i]) for i in range(lo, hi))
