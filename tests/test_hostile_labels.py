@@ -66,3 +66,35 @@ def test_the_node_info_labels_of_a_loaded_config_render(inproc):
 
     d = inproc(fakenvml.FakeNode.h200(1), environ={"GPUWATCH_NODE_RACK": "r\u00e9\u2603"})
     assert d.value("gpuwatch_node_info", rack="r\u00e9\u2603", row="", room="", pdu="") == 1
+
+
+def test_a_label_that_is_not_utf8_renders_as_question_marks(monkeypatch):
+    """Should a source let a lone surrogate through into a label (each known one refuses or replaces it), the
+    scrape still answers: those characters as "?", one warning, every other series as it was."""
+    import dataclasses
+
+    from structlog.testing import capture_logs
+
+    from gpuwatch import exporter
+    from gpuwatch.clock import FakeClock
+    from gpuwatch.model import FEATURES, DiscoveredGpu
+    from gpuwatch.store import Store
+    from gpuwatch.testing import exposition, fast_sample, slow_sample
+
+    monkeypatch.setattr(exporter, "_told_not_utf8", False)
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    gpus = [DiscoveredGpu(dataclasses.replace(identity(0), name="NVIDIA H\udcff00"), {f: True for f in FEATURES}),
+            DiscoveredGpu(identity(1), {f: True for f in FEATURES})]
+    store.set_gpus(gpus)
+    store.set_backend(True)
+    for gpu in gpus:
+        store.put_fast(gpu.identity.uuid, fast_sample())
+        store.put_slow(gpu.identity.uuid, slow_sample())
+    with capture_logs() as logs:
+        text = exposition(store, clock)
+        assert exposition(store, clock) == text
+    info = [line for line in text.splitlines() if line.startswith("gpuwatch_gpu_info{")]
+    assert len(info) == 2 and any('name="NVIDIA H?00"' in line for line in info)
+    assert sum(line.startswith("gpuwatch_temperature_celsius{") and "sensor=\"gpu\"" in line for line in text.splitlines()) == 2
+    assert [e["event"] for e in logs] == ["label_text_not_utf8"]
