@@ -634,3 +634,18 @@ def test_the_descriptor_limit_is_never_lowered(monkeypatch):
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1 << 30))
     raise_descriptor_limit()
     assert set_to == [(1 << 20, 1 << 30)]  # only the last: raised, to 2^20 at most
+
+
+def test_a_telemetry_path_that_is_not_ascii_is_served_where_clients_ask_for_it():
+    """--web.telemetry-path /métriques: a client sends its UTF-8 bytes (percent-encoded or not); PATH_INFO holds
+    them as ISO-8859-1 characters (PEP 3333), which the configured path did not equal: always 404."""
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    app = App(registry_for(store, clock), store.snapshot, clock.monotonic, "/m\u00e9triques",
+              lambda tier: 6.0 if tier == "fast" else 90.0)
+    for target in (b"/m%C3%A9triques", "/m\u00e9triques".encode()):
+        status, headers, body = ask_once(app, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == b"HTTP/1.1 200 OK" and headers["Content-Type"].startswith("text/plain"), (target, status)
+        assert b"\n# TYPE gpuwatch_" in body
+    status, _, _ = ask_once(app, b"GET /m%E9triques HTTP/1.1\r\nHost: x\r\n\r\n")  # ISO-8859-1's spelling: not it
+    assert status == b"HTTP/1.1 404 Not Found"

@@ -46,6 +46,9 @@ class App:
         self._snapshot = snapshot
         self._monotonic = monotonic
         self._path = telemetry_path
+        # PATH_INFO holds the request's bytes as ISO-8859-1 characters (PEP 3333): a path that is not ASCII
+        # (/métriques, sent as /m%C3%A9triques) compares as its UTF-8 bytes so spelt
+        self._wsgi_path = telemetry_path.encode("utf-8").decode("iso-8859-1")
         self._staleness = staleness
         self._fast_bound = staleness("fast")
         self._landing = LANDING.format(version=__version__, path=escape(telemetry_path)).encode()
@@ -56,7 +59,7 @@ class App:
         if method not in ("GET", "HEAD"):
             return reply(start_response, "405 Method Not Allowed", b"only GET and HEAD are allowed\n",
                           extra=[("Allow", "GET, HEAD")])
-        if path == self._path:
+        if path == self._wsgi_path:
             return self._metrics(environ, start_response, method)
         if path == "/healthz":
             ok, reason = self._snapshot().collecting(self._monotonic(), self._fast_bound)
