@@ -6,7 +6,9 @@ Certificates are made at test time with the openssl CLI: a CA, a server certific
 
 from __future__ import annotations
 
+import base64
 import http.client
+import os
 import shutil
 import socket
 import ssl
@@ -363,6 +365,11 @@ def test_authorization_header_parsing():
         assert webconfig.parse_basic(bad) is None
     hashed = webconfig.hash_password("pw", cost=4)
     assert webconfig.Authenticator().verify({"u": hashed}, webconfig.basic_header("u", "pw")) == "u"
+    # `gpuwatch check --check.username` with bytes that are not UTF-8 (argv's lone surrogates): sent as those
+    # bytes, read back by the server as the same text (it decodes with surrogateescape), not a traceback
+    odd = os.fsdecode(b"u\xff")
+    assert webconfig.basic_header(odd, "p\u00e9") == "Basic " + base64.b64encode(b"u\xff:p\xc3\xa9").decode()
+    assert webconfig.parse_basic(webconfig.basic_header(odd, "p")) == (odd, "p")
 
 
 # -- TLS ------------------------------------------------------------------------------------------

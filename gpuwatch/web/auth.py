@@ -71,7 +71,8 @@ def parse_basic(header: str | None) -> tuple[str, str] | None:
 
 
 def basic_header(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    # surrogateescape: argv's bytes that are not UTF-8 go out as those bytes (parse_basic reads them back alike)
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode("utf-8", "surrogateescape")).decode()
 
 
 def hash_password(password: str, cost: int = 10) -> str:
