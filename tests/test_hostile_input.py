@@ -11,6 +11,7 @@ the whole slurm group as an internal error and hide every allocation of the node
 from __future__ import annotations
 
 import math
+import os
 import re
 import tempfile
 import time
@@ -523,16 +524,25 @@ def test_accept_header_picks_a_known_content_type(accept):
 
 # -- the configuration's values ------------------------------------------------------------------------------
 
+# what os.environ and argv hold for bytes that are not UTF-8: lone surrogates (os.fsdecode)
+ENVIRON_BYTES = st.binary(max_size=80).filter(lambda b: b"\x00" not in b).map(os.fsdecode)
+# the options whose text reaches a label or an HTTP answer: it must be text a body can carry
+SHOWN = ("node_rack", "node_row", "node_room", "node_pdu", "telemetry_path")
+
+
 @FAST
-@given(st.data(), st.one_of(NUMBERS, st.text(max_size=80).filter(lambda s: "\x00" not in s), LONG))
+@given(st.data(), st.one_of(NUMBERS, st.text(max_size=80).filter(lambda s: "\x00" not in s), LONG, ENVIRON_BYTES))
 def test_every_option_takes_any_text_as_a_value_or_a_config_error(data, value):
     from gpuwatch import config
 
     option = data.draw(st.sampled_from([o for o in config.ALL_OPTIONS if o.field != "config"]))
     try:
-        config.load(environ={option.env: value})
+        loaded = config.load(environ={option.env: value})
     except ConfigError as exc:
         assert len(str(exc)) < 200_000
+    else:
+        for field in SHOWN:
+            getattr(loaded, field).encode("utf-8")  # a lone surrogate here failed every scrape
 
 
 # -- /proc for the jobs group --------------------------------------------------------------------------------
