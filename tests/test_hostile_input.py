@@ -215,6 +215,24 @@ def test_each_bad_cgroup_file_is_reported_once_and_its_valid_parts_kept(tmp_path
     assert (io if name == "io.stat" else cpus) == kept
 
 
+
+@pytest.mark.parametrize(("quota", "period", "told", "kept"), [
+    ("nan", "100000", True, None), ("200000", "0", True, None), (HUGE, "100000", True, None), ("12x", "100000", True, None),
+    ("-1", "100000", False, None), ("250000", "100000", False, 2.5), ("-7", "100000", True, None)])
+def test_a_cgroup_v1_cpu_quota_that_does_not_parse_is_reported(tmp_path, quota, period, told, kept):
+    """cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us: garbage is told like cpu.max's (it was skipped in
+    silence); -1 is no quota, said by the kernel, not garbage."""
+    cpu = tmp_path / "cpu" / "job"
+    cpu.mkdir(parents=True)
+    (cpu / "cpu.cfs_quota_us").write_text(quota + "\n")
+    (cpu / "cpu.cfs_period_us").write_text(period + "\n")
+    reported: list[tuple[str, str]] = []
+    for dirs in ({"cpu": cpu}, {"cpu,cpuacct": cpu, "cpu": cpu}):  # one mount under both names: told once
+        reported.clear()
+        cpus = JobCgroup("slurm", "1", dirs=dirs).cpus(lambda *args: reported.append(args))
+        assert [Path(source).name for source, _ in reported] == (["cpu.cfs_quota_us"] if told else [])
+        assert cpus == kept
+
 def test_scan_passes_over_hostile_directory_names(tmp_path):
     v2 = tmp_path / "system.slice" / "slurmstepd.scope"
     for name in ("job_" + "9" * 200, "job_١٢", "job_-1", "job_1e3", "job_42", "job_" + "9" * 20):

@@ -154,12 +154,18 @@ class JobCgroup:
                 if len(parts) != 2 or finite(parts[1], float(MAX_BYTES)) is None or (parts[0] != "max"
                                                                                       and quota is None):
                     _tell(report, self.dirs[""] / "cpu.max", [text])
+        seen = None
         for controller in ("cpu,cpuacct", "cpu"):
             directory = self.dirs.get(controller)
-            if directory is not None and quota is None:
+            if directory is not None and quota is None and directory != seen:  # one mount under two names: once
+                seen = directory
                 q, p = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
                 if q and p and not q.startswith("-"):
                     quota = _ratio(q, p)
+                    if quota is None:  # as cpu.max above: told, not skipped in silence
+                        _tell(report, directory / "cpu.cfs_quota_us", [f"{q} / {p}"])
+                elif q and q != "-1" and finite(q, float(MAX_BYTES)) is None:  # -1: no quota
+                    _tell(report, directory / "cpu.cfs_quota_us", [q])
         if quota is not None and quota > 0:
             counts.append(quota)
         return min(counts) if counts else None
