@@ -21,7 +21,6 @@ import os
 import pwd
 import re
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from gpuwatch.logs import get_logger
 from gpuwatch.model import GpuIdentity, GpuProcess, ProcessInfo
@@ -55,7 +54,7 @@ def user_name(uid: int) -> str:
     return name
 
 
-def _small(path: Path) -> str:
+def _small(path: str) -> str:
     with open(path, "rb") as f:
         return f.read(_MAX_READ).decode(errors="replace")
 
@@ -86,13 +85,13 @@ class Attributor:
 
     def __init__(self, proc_root: str | os.PathLike[str] = "/proc",
                  user_name: Callable[[int], str] = user_name) -> None:
-        self._proc = Path(proc_root)
+        self._proc = os.fspath(proc_root)  # text, joined with os.path: a Path would intern each PID (pathlib)
         self._user_name = user_name
 
     def _one(self, process: GpuProcess) -> ProcessInfo:
-        base = self._proc / str(process.pid)
+        base = os.path.join(self._proc, str(process.pid))
         try:  # bytes that are not UTF-8 (a cgroup directory a user named so) are characters, not an exception
-            cgroup, status = _small(base / "cgroup"), _small(base / "status")
+            cgroup, status = _small(os.path.join(base, "cgroup")), _small(os.path.join(base, "status"))
         except OSError:  # another PID namespace, exited, or hidden (ProtectProc=invisible)
             return ProcessInfo(process.pid, process.used_memory_bytes, "", "unknown", "",
                                gpu_instance=process.gpu_instance)

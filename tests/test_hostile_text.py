@@ -64,7 +64,7 @@ def test_only_whole_directory_names_are_jobs(tmp_path):
     v1 = tmp_path / "freezer" / "slurm" / "uid_1000x" / "job_5"
     v1.mkdir(parents=True)
     found = cgroups.scan(tmp_path)
-    assert [(j.job_id, j.dirs) for j in found.jobs] == [("5", {"freezer": v1}), ("42", {"": real})]
+    assert [(j.job_id, j.dirs) for j in found.jobs] == [("5", {"freezer": str(v1)}), ("42", {"": str(real)})]
     assert found.jobs[0].uid is None  # "uid_1000x" names no user
     assert found.jobs[1].pids()[0] == {100}
 
@@ -83,7 +83,7 @@ def test_pod_directories_are_read_whole(tmp_path):
     (cgroupfs / "kubepods" / f"xpod{other}").mkdir()
     (cgroupfs / "kubepods" / f"pod{other}.slice\n").mkdir()
     for tree, directory in ((systemd, good), (cgroupfs, plain)):
-        assert [(j.job_id, j.dirs) for j in cgroups.scan(tree).jobs] == [(uid, {"": directory})]
+        assert [(j.job_id, j.dirs) for j in cgroups.scan(tree).jobs] == [(uid, {"": str(directory)})]
 
 
 def test_the_printable_ascii_job_names_of_the_fakes_still_parse():

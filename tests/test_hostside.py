@@ -500,3 +500,45 @@ def test_a_mapping_job_id_is_ascii_between_ascii_whitespace(tmp_path, scontrol_e
     allocations, _ = slurm(mapping=str(mapping), errors=errors).read(cgroups.scan(tmp_path / "none"), gpus())
     assert [(a.uuid, a.job_id) for a in allocations] == [(uuid(0), "44"), (uuid(0), "45")]
     assert errors == [("slurm", "malformed_input")]
+
+
+def test_a_scan_and_an_attribution_intern_no_string(tmp_path, monkeypatch):
+    """pathlib interns every part of every Path it makes (sys.intern), and names that come and go with the jobs
+    (job_<id>, step_0, a PID, cpu.stat) churned the interpreter's table of interned strings: each resize of it,
+    every few minutes in the soak, allocated 1 or 1.9 MB by turns (gdb caught it), and the process's RSS
+    switched between two levels 2 MB apart. What runs every host read and slow poll makes no Path."""
+    from gpuwatch.attribution import Attributor
+    from gpuwatch.model import GpuProcess
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    proc_stat(proc)
+    for pid, cgroup in ((4101, "0::/system.slice/slurmstepd.scope/job_77/step_0/user/task_0\n"),
+                        (4102, "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_0000_"
+                               "4000_8000_00000000abcd.slice/cri-containerd-" + "ab" * 32 + ".scope\n")):
+        fake_process(proc, pid, cgroup=cgroup)
+    slurm_v2_job(root, 77, [4101])
+    slurm_v1_job(root, 78, 1000, [4103], [0, 1])
+    pod_v2(root, "0a1b2c3d-0000-4000-8000-00000000abcd", [4102])
+    attributor = Attributor(proc)
+    processes = (GpuProcess(4101, 1), GpuProcess(4102, 1), GpuProcess(4103, 1))
+
+    def one_read() -> tuple:
+        found = cgroups.scan(root)
+        return (tuple((j.job_id, j.pids(), j.accounting(), j.cpus(), j.devices()) for j in found.jobs),
+                attributor.attribute(identity(0), processes))
+
+    first = one_read()
+    assert [j[0] for j in first[0]] == ["0a1b2c3d-0000-4000-8000-00000000abcd", "77", "78"]
+    assert {(i.pid, i.scheduler, i.job_id) for i in first[1]} >= {(4101, "slurm", "77")}
+    interned: list[str] = []
+    real = sys.intern
+
+    def counting(text: str) -> str:
+        kept = real(text)
+        if kept is text:  # not interned before: an insertion into the interpreter's table
+            interned.append(text)
+        return kept
+
+    monkeypatch.setattr(sys, "intern", counting)
+    assert one_read() == first
+    assert interned == []

@@ -37,6 +37,7 @@ _PODS = ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/
 _POD_UID = re.compile(rf"(?:kubepods-(?:[a-z]+-)?)?pod({POD_UID})(?:\.slice)?", re.ASCII)
 _JOB = re.compile(r"job_([0-9]{1,20})", re.ASCII)  # a Slurm job id is a 32-bit number; more is not a job
 _UID = re.compile(r"uid_([0-9]+)", re.ASCII)
+PathText = str | os.PathLike[str]  # a directory as text (what scan gives) or a Path (tests, callers)
 
 
 @dataclass
@@ -46,7 +47,11 @@ class JobCgroup:
     scheduler: str  # slurm | kubernetes
     job_id: str  # Slurm job id, or the pod UID
     uid: int | None = None  # from Slurm's v1 uid_<uid> level
-    dirs: dict[str, Path] = field(default_factory=dict)  # controller ("" on v2) -> directory
+    # controller ("" on v2) -> directory. Text, joined with os.path: a Path interns each of its parts
+    # (pathlib's parse_parts calls sys.intern), and names that come and go (job_<id>, step_0, cpu.stat) then
+    # churned the interpreter's table of interned strings, which a resize every few minutes rebuilt at
+    # 1 or 1.9 MB by turns: the soak's RSS switched between two levels 2 MB apart (gdb caught the resize).
+    dirs: dict[str, PathText] = field(default_factory=dict)
 
     def devices(self, report: Report | None = None) -> tuple[int, ...] | None:
         """GPU minor numbers cgroup v1's devices controller lets the job open; None where it cannot
@@ -55,7 +60,7 @@ class JobCgroup:
         directory = self.dirs.get("devices")
         if directory is None:
             return None
-        path = directory / "devices.list"
+        path = os.path.join(directory, "devices.list")
         text = _read(path)
         if text is None:
             return None
@@ -76,7 +81,7 @@ class JobCgroup:
                 if walked > _MAX_DIRS:  # a runaway tree: what was read is what there is
                     break
                 if "cgroup.procs" in files:
-                    path = Path(base, "cgroup.procs")
+                    path = os.path.join(base, "cgroup.procs")
                     text = _read(path) or ""
                     bad = 0
                     for line in words(text):
@@ -99,10 +104,10 @@ class JobCgroup:
         no number (NaN, negative, garbage) is left out and ``report(file, reason)`` told."""
         cpu = io = None
         if "" in self.dirs:
-            stat = _keyed_file(self.dirs[""] / "cpu.stat", report)
+            stat = _keyed_file(os.path.join(self.dirs[""], "cpu.stat"), report)
             if "user_usec" in stat and "system_usec" in stat:
                 cpu = (stat["user_usec"] / 1e6, stat["system_usec"] / 1e6)
-            path = self.dirs[""] / "io.stat"
+            path = os.path.join(self.dirs[""], "io.stat")
             text = _read(path)
             if text is not None:
                 read = write = 0
@@ -116,12 +121,12 @@ class JobCgroup:
         for controller in ("cpu,cpuacct", "cpuacct"):
             directory = self.dirs.get(controller)
             if cpu is None and directory is not None:
-                stat = _keyed_file(directory / "cpuacct.stat", report)
+                stat = _keyed_file(os.path.join(directory, "cpuacct.stat"), report)
                 if "user" in stat and "system" in stat:  # USER_HZ ticks
                     cpu = (stat["user"] / _TICK, stat["system"] / _TICK)
         return cpu, io
 
-    def _one_tree(self) -> list[Path]:
+    def _one_tree(self) -> list[PathText]:
         if "" in self.dirs:
             return [self.dirs[""]]
         for controller in ("freezer", "pids", "cpuacct", "cpu,cpuacct", "cpuset", "memory", "devices"):
@@ -136,36 +141,37 @@ class JobCgroup:
         for controller, name in (("", "cpuset.cpus.effective"), ("", "cpuset.cpus"), ("cpuset", "cpuset.cpus"),
                                  ("cpuset", "cpuset.effective_cpus")):
             directory = self.dirs.get(controller)
-            text = _read(directory / name) if directory is not None else None
+            text = _read(os.path.join(directory, name)) if directory is not None else None
             if text and directory is not None:
                 bad: list[str] = []
                 count = count_cpu_list(text, bad)
-                _tell(report, directory / name, bad)
+                _tell(report, os.path.join(directory, name), bad)
                 if count > 0:
                     counts.append(float(count))
                 break
         quota = None
         if "" in self.dirs:
-            text = _read(self.dirs[""] / "cpu.max")
+            text = _read(os.path.join(self.dirs[""], "cpu.max"))
             if text:
                 parts = words(text)
                 if len(parts) == 2 and parts[0] != "max":
                     quota = _ratio(parts[0], parts[1])
                 if len(parts) != 2 or finite(parts[1], float(MAX_BYTES)) is None or (parts[0] != "max"
                                                                                       and quota is None):
-                    _tell(report, self.dirs[""] / "cpu.max", [text])
+                    _tell(report, os.path.join(self.dirs[""], "cpu.max"), [text])
         seen = None
         for controller in ("cpu,cpuacct", "cpu"):
             directory = self.dirs.get(controller)
             if directory is not None and quota is None and directory != seen:  # one mount under two names: once
                 seen = directory
-                q, p = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+                q = _read(os.path.join(directory, "cpu.cfs_quota_us"))
+                p = _read(os.path.join(directory, "cpu.cfs_period_us"))
                 if q and p and not q.startswith("-"):
                     quota = _ratio(q, p)
                     if quota is None:  # as cpu.max above: told, not skipped in silence
-                        _tell(report, directory / "cpu.cfs_quota_us", [f"{q} / {p}"])
+                        _tell(report, os.path.join(directory, "cpu.cfs_quota_us"), [f"{q} / {p}"])
                 elif q and q != "-1" and finite(q, float(MAX_BYTES)) is None:  # -1: no quota
-                    _tell(report, directory / "cpu.cfs_quota_us", [q])
+                    _tell(report, os.path.join(directory, "cpu.cfs_quota_us"), [q])
         if quota is not None and quota > 0:
             counts.append(quota)
         return min(counts) if counts else None
@@ -181,7 +187,7 @@ MAX_ID = 2**64 - 1  # a Slurm job id or a uid in a directory name
 _TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
-def _read(path: Path) -> str | None:
+def _read(path: PathText) -> str | None:
     """A pseudo-file's text (bytes that are not UTF-8 replaced), None when it cannot be read. Only
     regular files: a FIFO or a socket where a file should be would block the read."""
     try:
@@ -206,16 +212,16 @@ def _keyed(text: str | None, sep: str = " ", bad: list[str] | None = None) -> di
     return found
 
 
-def _keyed_file(path: Path, report: Report | None) -> dict[str, float]:
+def _keyed_file(path: PathText, report: Report | None) -> dict[str, float]:
     bad: list[str] = []
     found = _keyed(_read(path), bad=bad)
     _tell(report, path, bad)
     return found
 
 
-def _tell(report: Report | None, path: Path, bad: list[str]) -> None:
+def _tell(report: Report | None, path: PathText, bad: list[str]) -> None:
     if bad and report is not None:
-        report(str(path), f"{len(bad)} malformed part(s) skipped, the first: {shown(bad[0])}")
+        report(os.fspath(path), f"{len(bad)} malformed part(s) skipped, the first: {shown(bad[0])}")
 
 
 def _ratio(a: str, b: str) -> float | None:
@@ -302,6 +308,12 @@ _MATCHERS: dict[str, Callable[[str], re.Match[str] | None]] = {}  # a wildcard s
 
 
 def glob(root: Path, pattern: str, listings: dict[str, dict[str, os.DirEntry[str]]] | None = None) -> list[Path]:
+    """``list(root.glob(pattern))``: glob_text's paths as Path objects."""
+    return [Path(path) for path in glob_text(root, pattern, listings)]
+
+
+def glob_text(root: PathText, pattern: str, listings: dict[str, dict[str, os.DirEntry[str]]] | None = None,
+              ) -> list[str]:
     """``list(root.glob(pattern))`` for a pattern of plain and wildcard segments (no ``**``): the same paths in
     the same order (tests/test_hostside.py holds the two equal), without a Path object and a stat per entry
     looked at (pathlib's glob: 0.39 ms a scan of a cgroup v1 tree, most of a host read; this one 0.16).
@@ -347,35 +359,42 @@ def glob(root: Path, pattern: str, listings: dict[str, dict[str, os.DirEntry[str
                             continue
                     found.append(os.path.join(parent, entry.name))
         paths = found
-    return [Path(path) for path in paths]
+    return paths
 
 
 def scan(root: Path) -> Scan:
+    """The jobs under ``root``; their directories as text (JobCgroup.dirs: no Path per scan)."""
     jobs: dict[tuple[str, str], JobCgroup] = {}
     listings: dict[str, dict[str, os.DirEntry[str]]] = {}  # each directory listed once a scan
+    top = os.fspath(root)
+
+    def controller_of(path: str) -> str:  # the first part below root: v1's controller directory
+        return os.path.relpath(path, top).split(os.sep, 1)[0]
+
     slurm = False
     for pattern in _SLURM_V2:
-        for path in glob(root, pattern, listings):
-            match = _JOB.fullmatch(path.name)
-            if match and path.is_dir():
+        for path in glob_text(top, pattern, listings):
+            match = _JOB.fullmatch(os.path.basename(path))
+            if match and os.path.isdir(path):
                 jobs.setdefault(("slurm", match.group(1)), JobCgroup("slurm", match.group(1))).dirs[""] = path
-    slurm = slurm or any(glob(root, "system.slice/*slurmstepd.scope", listings))
+    slurm = slurm or any(glob_text(top, "system.slice/*slurmstepd.scope", listings))
     for pattern in _SLURM_V1:
-        for path in glob(root, pattern, listings):
-            match, uid = _JOB.fullmatch(path.name), _UID.fullmatch(path.parent.name)
-            if match and path.is_dir():
+        for path in glob_text(top, pattern, listings):
+            match, uid = _JOB.fullmatch(os.path.basename(path)), _UID.fullmatch(os.path.basename(os.path.dirname(path)))
+            if match and os.path.isdir(path):
                 job = jobs.setdefault(("slurm", match.group(1)), JobCgroup("slurm", match.group(1)))
-                job.dirs[path.relative_to(root).parts[0]] = path
+                job.dirs[controller_of(path)] = path
                 if uid:
                     job.uid = natural(uid.group(1), MAX_ID)
-    slurm = slurm or any(glob(root, "*/slurm*/uid_*", listings)) or any(glob(root, "devices/slurm*", listings))
+    slurm = (slurm or any(glob_text(top, "*/slurm*/uid_*", listings))
+             or any(glob_text(top, "devices/slurm*", listings)))
     for prefix in ("", "*/"):
         for pattern in _PODS:
-            for path in glob(root, prefix + pattern, listings):
-                pod = _POD_UID.fullmatch(path.name)
-                if pod and path.is_dir():
+            for path in glob_text(top, prefix + pattern, listings):
+                pod = _POD_UID.fullmatch(os.path.basename(path))
+                if pod and os.path.isdir(path):
                     pod_uid = pod.group(1).replace("_", "-")
-                    controller = path.relative_to(root).parts[0] if prefix else ""
+                    controller = controller_of(path) if prefix else ""
                     jobs.setdefault(("kubernetes", pod_uid), JobCgroup("kubernetes", pod_uid)).dirs[controller] = path
     ordered = sorted(jobs.values(), key=lambda j: (j.scheduler, natural(j.job_id, MAX_ID) or 0, j.job_id))
     return Scan(ordered, slurm)
