@@ -21,7 +21,6 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from gpuwatch.attribution import POD_UID
 from gpuwatch.hostside.hostile import SPACE, Report, finite, lines, natural, read_regular, shown, words
@@ -307,15 +306,10 @@ class Scan:
 _MATCHERS: dict[str, Callable[[str], re.Match[str] | None]] = {}  # a wildcard segment -> its fnmatch, compiled
 
 
-def glob(root: Path, pattern: str, listings: dict[str, dict[str, os.DirEntry[str]]] | None = None) -> list[Path]:
-    """``list(root.glob(pattern))``: glob_text's paths as Path objects."""
-    return [Path(path) for path in glob_text(root, pattern, listings)]
-
-
 def glob_text(root: PathText, pattern: str, listings: dict[str, dict[str, os.DirEntry[str]]] | None = None,
               ) -> list[str]:
-    """``list(root.glob(pattern))`` for a pattern of plain and wildcard segments (no ``**``): the same paths in
-    the same order (tests/test_hostside.py holds the two equal), without a Path object and a stat per entry
+    """``list(root.glob(pattern))`` as text, for a pattern of plain and wildcard segments (no ``**``): the same
+    paths in the same order (tests/test_hostside.py holds the two equal), without a Path object and a stat per entry
     looked at (pathlib's glob: 0.39 ms a scan of a cgroup v1 tree, most of a host read; this one 0.16).
     ``listings``: the directories listed so far, shared by the globs of one scan (each lists the controllers
     again). A directory that goes away while it is listed (a job that ends) has nothing in it, where pathlib
@@ -362,7 +356,7 @@ def glob_text(root: PathText, pattern: str, listings: dict[str, dict[str, os.Dir
     return paths
 
 
-def scan(root: Path) -> Scan:
+def scan(root: PathText) -> Scan:
     """The jobs under ``root``; their directories as text (JobCgroup.dirs: no Path per scan)."""
     jobs: dict[tuple[str, str], JobCgroup] = {}
     listings: dict[str, dict[str, os.DirEntry[str]]] = {}  # each directory listed once a scan
