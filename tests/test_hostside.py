@@ -508,6 +508,7 @@ def test_a_scan_and_an_attribution_intern_no_string(tmp_path, monkeypatch):
     every few minutes in the soak, allocated 1 or 1.9 MB by turns (gdb caught it), and the process's RSS
     switched between two levels 2 MB apart. What runs every host read and slow poll makes no Path."""
     from gpuwatch.attribution import Attributor
+    from gpuwatch.hostside.slurm_allocations import read_mapping_dir
     from gpuwatch.model import GpuProcess
 
     proc, root = tmp_path / "proc", tmp_path / "cgroup"
@@ -521,15 +522,20 @@ def test_a_scan_and_an_attribution_intern_no_string(tmp_path, monkeypatch):
     pod_v2(root, "0a1b2c3d-0000-4000-8000-00000000abcd", [4102])
     attributor = Attributor(proc)
     processes = (GpuProcess(4101, 1), GpuProcess(4102, 1), GpuProcess(4103, 1))
+    mapping = tmp_path / "mapping"  # dcgm-exporter's job-mapping directory: a file per GPU or MIG instance
+    mapping.mkdir()
+    for name, jobs in (("0", "77\n"), ("1.3", "78\n"), ("2", "0\n")):
+        (mapping / name).write_text(jobs)
 
     def one_read() -> tuple:
         found = cgroups.scan(root)
         return (tuple((j.job_id, j.pids(), j.accounting(), j.cpus(), j.devices()) for j in found.jobs),
-                attributor.attribute(identity(0), processes))
+                attributor.attribute(identity(0), processes), read_mapping_dir(mapping))
 
     first = one_read()
     assert [j[0] for j in first[0]] == ["0a1b2c3d-0000-4000-8000-00000000abcd", "77", "78"]
     assert {(i.pid, i.scheduler, i.job_id) for i in first[1]} >= {(4101, "slurm", "77")}
+    assert first[2] == {(0, None): ["77"], (1, 3): ["78"]}
     interned: list[str] = []
     real = sys.intern
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 from gpuwatch.groups.grace import GraceSensor
 from gpuwatch.hostside.hostile import SPACE, NotRegular, natural, read_regular
@@ -49,7 +48,7 @@ class GraceHwmon:
 
     def __init__(self, root: str, monotonic: Callable[[], float],
                  errors: list[tuple[str, str]] | None = None) -> None:
-        self._root = Path(root)
+        self._root = os.fspath(root)  # text, joined with os.path: a Path interns each hwmon name (pathlib)
         self._monotonic = monotonic
         self._errors = errors if errors is not None else []
         self._warned: dict[str, float] = {}  # file -> monotonic time of its last warning
@@ -61,29 +60,30 @@ class GraceHwmon:
         except OSError:  # no hwmon class at all (a container without /sys, a non-Linux host)
             return None
         found: dict[tuple[str, str], GraceSensor] = {}
-        first: dict[tuple[str, str], Path] = {}  # the power1_oem_info of the sensor kept
+        first: dict[tuple[str, str], str] = {}  # the power1_oem_info of the sensor kept
         seen = False
         for entry in entries:
-            named = self._name(self._root / entry)
+            named = self._name(os.path.join(self._root, entry))
             if named is None:
                 continue
             seen = True
             directory, sensor, socket = named
             if (sensor, socket) in found:  # not read: the sensor kept is the first valid one, whatever this says
-                self._bad(directory / "power1_oem_info", f"names the same sensor as {first[(sensor, socket)]}")
+                self._bad(os.path.join(directory, "power1_oem_info"),
+                          f"names the same sensor as {first[(sensor, socket)]}")
                 continue
-            value = self._microwatts(directory / ("power1_cap" if sensor == "cap" else "power1_average"))
+            value = self._microwatts(os.path.join(directory, "power1_cap" if sensor == "cap" else "power1_average"))
             if value is not None:
                 found[(sensor, socket)] = GraceSensor(sensor, socket, value / 1e6)
-                first[(sensor, socket)] = directory / "power1_oem_info"
+                first[(sensor, socket)] = os.path.join(directory, "power1_oem_info")
         if not seen:
             return None
         return tuple(sorted(found.values(), key=lambda s: (s.sensor, int(s.socket))))
 
-    def _name(self, entry: Path) -> tuple[Path, str, str] | None:
+    def _name(self, entry: str) -> tuple[str, str, str] | None:
         """(the directory of the sensor's files, sensor, socket) of a Grace entry; None for any other."""
-        for directory in (entry / "device", entry):
-            path = directory / "power1_oem_info"
+        for directory in (os.path.join(entry, "device"), entry):
+            path = os.path.join(directory, "power1_oem_info")
             try:
                 raw = _small(path)
             except NotRegular:
@@ -104,7 +104,7 @@ class GraceHwmon:
             return directory, _SENSOR[match.group(1)], match.group(2)
         return None
 
-    def _microwatts(self, path: Path) -> int | None:
+    def _microwatts(self, path: str) -> int | None:
         try:
             raw = _small(path)
         except NotRegular:
@@ -125,7 +125,7 @@ class GraceHwmon:
             self._bad(path, "out of range")
         return value
 
-    def _bad(self, path: Path, why: str) -> None:
+    def _bad(self, path: str, why: str) -> None:
         self._errors.append(("grace", "bad_sensor"))
         key = str(path)
         now = self._monotonic()
@@ -139,7 +139,7 @@ class GraceHwmon:
                           hint="the sensor is left out; the node's other Grace sensors are still read")
 
 
-def _small(path: Path) -> bytes | None:
+def _small(path: str) -> bytes | None:
     """The first bytes of a sysfs file, or None when it cannot be read (absent, EACCES, EIO); NotRegular when it
     is no regular file (hostile.read_regular)."""
     try:
