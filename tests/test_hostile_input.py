@@ -233,6 +233,21 @@ def test_a_cgroup_v1_cpu_quota_that_does_not_parse_is_reported(tmp_path, quota, 
         assert [Path(source).name for source, _ in reported] == (["cpu.cfs_quota_us"] if told else [])
         assert cpus == kept
 
+
+def test_a_bad_v1_cpu_quota_is_reported_once_where_cpu_is_cpu_cpuacct_by_another_name(tmp_path):
+    """systemd's cgroup v1 layout: /sys/fs/cgroup/cpu is a symlink to cpu,cpuacct, and the scan finds the job
+    under both names (two text paths of one directory): its quota is read, and a bad one told, once."""
+    job = tmp_path / "cpu,cpuacct" / "slurm" / "uid_1000" / "job_7"
+    job.mkdir(parents=True)
+    (job / "cpu.cfs_quota_us").write_text("12x\n")
+    (job / "cpu.cfs_period_us").write_text("100000\n")
+    (tmp_path / "cpu").symlink_to("cpu,cpuacct")
+    (found,) = cgroups.scan(tmp_path).jobs
+    assert set(found.dirs) == {"cpu", "cpu,cpuacct"}
+    reported: list[tuple[str, str]] = []
+    assert found.cpus(lambda *args: reported.append(args)) is None
+    assert [Path(source).name for source, _ in reported] == ["cpu.cfs_quota_us"]
+
 def test_scan_passes_over_hostile_directory_names(tmp_path):
     v2 = tmp_path / "system.slice" / "slurmstepd.scope"
     for name in ("job_" + "9" * 200, "job_١٢", "job_-1", "job_1e3", "job_42", "job_" + "9" * 20):

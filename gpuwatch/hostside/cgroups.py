@@ -158,11 +158,9 @@ class JobCgroup:
                 if len(parts) != 2 or finite(parts[1], float(MAX_BYTES)) is None or (parts[0] != "max"
                                                                                       and quota is None):
                     _tell(report, os.path.join(self.dirs[""], "cpu.max"), [text])
-        seen = None
         for controller in ("cpu,cpuacct", "cpu"):
             directory = self.dirs.get(controller)
-            if directory is not None and quota is None and directory != seen:  # one mount under two names: once
-                seen = directory
+            if directory is not None and quota is None:
                 q = _read(os.path.join(directory, "cpu.cfs_quota_us"))
                 p = _read(os.path.join(directory, "cpu.cfs_period_us"))
                 if q and p and not q.startswith("-"):
@@ -171,6 +169,7 @@ class JobCgroup:
                         _tell(report, os.path.join(directory, "cpu.cfs_quota_us"), [f"{q} / {p}"])
                 elif q and q != "-1" and finite(q, float(MAX_BYTES)) is None:  # -1: no quota
                     _tell(report, os.path.join(directory, "cpu.cfs_quota_us"), [q])
+                break  # "cpu" is "cpu,cpuacct" by another name where both are (systemd's symlink): read once
         if quota is not None and quota > 0:
             counts.append(quota)
         return min(counts) if counts else None
