@@ -182,14 +182,16 @@ def _addresses(value: Any) -> tuple[str, ...]:
     return tuple(result)
 
 
-def _text(key: str) -> Callable[[Any], str]:
+def _text(key: str, label: bool = False) -> Callable[[Any], str]:
+    """``label``: the text is shown as a label value, so it must be UTF-8 (a path or a name passed to a command
+    may be any bytes the system takes)."""
     def parse(value: Any) -> str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{key}: expected a text value, got {value!r}")
         text = str(value).strip()
         if "\x00" in text or "\n" in text:
             raise ConfigError(f"{key}: {value!r} has a line break or NUL in it")
-        return _utf8(key, text)
+        return _utf8(key, text) if label else text
     return parse
 
 
@@ -289,10 +291,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("attribution.hpc-job-mapping-dir", "attribution_mapping_dir",
            _existing("attribution.hpc-job-mapping-dir", directory=True),
            "dcgm-exporter style directory of job ids per GPU index, written by a Slurm prolog (default: none)"),
-    Option("node.rack", "node_rack", _text("node.rack"), "the node's rack, for gpuwatch_node_info (default: none)"),
-    Option("node.row", "node_row", _text("node.row"), "the node's row of racks (default: none)"),
-    Option("node.room", "node_room", _text("node.room"), "the node's machine room or hall (default: none)"),
-    Option("node.pdu", "node_pdu", _text("node.pdu"), "the PDU (circuit) that feeds the node (default: none)"),
+    Option("node.rack", "node_rack", _text("node.rack", label=True),
+           "the node's rack, for gpuwatch_node_info (default: none)"),
+    Option("node.row", "node_row", _text("node.row", label=True), "the node's row of racks (default: none)"),
+    Option("node.room", "node_room", _text("node.room", label=True), "the node's machine room or hall (default: none)"),
+    Option("node.pdu", "node_pdu", _text("node.pdu", label=True),
+           "the PDU (circuit) that feeds the node (default: none)"),
     Option("node.power-budget-watts", "node_power_budget_watts", _float("node.power-budget-watts", "watts"),
            "what the node's power supplies can deliver to its GPUs after redundancy, for node_power_budget "
            "(default: none)"),

@@ -60,6 +60,19 @@ def test_an_option_whose_text_is_not_utf8_is_a_config_error(tmp_path, key, env):
     assert config.load(environ={env: value.replace("\udcff", "\u00e9")})  # UTF-8 that is not ASCII: fine
 
 
+@pytest.mark.parametrize(("field", "env"), [("slurm.scontrol", "GPUWATCH_COLLECTOR_SLURM_SCONTROL"),
+                                            ("kubernetes.socket", "GPUWATCH_COLLECTOR_KUBERNETES_SOCKET"),
+                                            ("slurm.node-name", "GPUWATCH_COLLECTOR_SLURM_NODE_NAME"),
+                                            ("grace.hwmon-root", "GPUWATCH_COLLECTOR_GRACE_HWMON_ROOT")])
+def test_a_path_or_name_that_is_not_utf8_is_taken_as_it_is(field, env):
+    """Only the text shown as a label or page must be UTF-8: a path, or a name handed to a command, may be any
+    bytes the system takes (they reach the system as those bytes again)."""
+    from gpuwatch import config
+
+    value = "/opt/" + os.fsdecode(b"sc\xff")
+    assert config.load(environ={env: value}).collector_options[field] == value
+
+
 def test_the_node_info_labels_of_a_loaded_config_render(inproc):
     """What the configuration lets through renders: a rack with text that is UTF-8, not ASCII."""
     import fakenvml
