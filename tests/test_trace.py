@@ -490,6 +490,14 @@ def test_malformed_traces_name_the_file_line_and_problem(tmp_path, lines, where,
     assert message in str(raised.value)
 
 
+def test_a_trace_that_begins_with_a_byte_order_mark_is_read(tmp_path):
+    """A trace saved by an editor that writes a UTF-8 BOM: json.loads(bytes) took it, and the strict decoding
+    that refuses lone surrogates keeps taking it."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join([HEADER, FAST]).encode() + b"\n")
+    assert [r.uuid for r in read_trace(path).records] == ["GPU-a"]
+
+
 SLOW = '{"t":1.0,"type":"slow","uuid":"GPU-a","pcie_replays":7}'
 XID = '{"t":1.0,"type":"xid","uuid":"GPU-a","xid":79}'
 GPUS = '{"t":1.0,"type":"gpus","gpus":[{"index":0,"uuid":"GPU-a","name":"n","pci_bus_id":"0:1:0.0"}]}'

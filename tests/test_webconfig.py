@@ -372,6 +372,16 @@ def test_authorization_header_parsing():
     assert webconfig.parse_basic(webconfig.basic_header(odd, "p")) == (odd, "p")
 
 
+def test_a_password_file_that_is_not_utf8_is_read_as_the_server_reads_it(tmp_path):
+    """`gpuwatch check --check.password-file`: any bytes (the server's basic auth decodes the header with
+    surrogateescape); a strict read said UNKNOWN "cannot read the daemon's status", pointing elsewhere."""
+    secret = tmp_path / "password"
+    secret.write_bytes(b"p\xe9ss\nignored\n")
+    password = webconfig.read_secret(str(secret))
+    assert password == os.fsdecode(b"p\xe9ss")
+    assert webconfig.parse_basic(webconfig.basic_header("u", password)) == ("u", password)
+
+
 # -- TLS ------------------------------------------------------------------------------------------
 
 def test_tls_refuses_plain_http_and_bad_clients_and_keeps_serving(pki, tmp_path, capsys):

@@ -51,7 +51,7 @@ _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 def _parse_line(raw: bytes) -> Any:
     try:
         # UTF-8 only, strictly: json.loads(bytes) also takes UTF-16 and decodes surrogates encoded as UTF-8
-        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        data = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant)  # a BOM, as json.loads(bytes)
     except RecursionError:  # "[[[[…": json's recursion is not a ValueError; a trace's lines nest a few levels
         raise ValueError("it nests too deeply") from None
     if _SURROGATE.search(raw):  # a lone surrogate in a name or a key was a label no /metrics render could encode

@@ -19,7 +19,7 @@ class LocalRequestError(OSError):
 
 def read_secret(path: str) -> str:
     """The first line of a password file, without its line ending."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = Path(path).read_text(encoding="utf-8", errors="surrogateescape")  # any bytes, as the server reads them
     return text.splitlines()[0] if text else ""
 
 
