@@ -102,3 +102,22 @@ def inproc(tmp_path):
     yield make
     for agent in made:
         agent.stop()
+
+
+@pytest.fixture()
+def interned(monkeypatch):
+    """``interned()`` starts counting: it returns the list of strings ``sys.intern`` adds to the interpreter's
+    table from then on (one already there is not added). pathlib interns every part of every Path it makes."""
+    def start() -> list[str]:
+        added: list[str] = []
+        real = sys.intern
+
+        def counting(text: str) -> str:
+            kept = real(text)
+            if kept is text:  # not interned before: an insertion into the table
+                added.append(text)
+            return kept
+
+        monkeypatch.setattr(sys, "intern", counting)
+        return added
+    return start

@@ -458,23 +458,12 @@ def test_demo_tour_on_grace_profiles_takes_a_c2c_link_down(profile):
     assert backend.read_slow(uuids[0]).c2c.c2c_up["3"] is False
 
 
-def test_a_read_of_the_hwmon_tree_interns_no_string(tmp_path, monkeypatch):
+def test_a_read_of_the_hwmon_tree_interns_no_string(tmp_path, interned):
     """A Path per hwmon entry interned its name (pathlib) at every read, and the name was let go after it:
     churn of the interpreter's interned-string table (tests/test_hostside.py says what that cost)."""
-    import sys
-
     grace_tree(tmp_path, sockets=2)
     hwmon = GraceHwmon(str(tmp_path), FakeClock().monotonic, [])
     first = hwmon.read()
-    interned: list[str] = []
-    real = sys.intern
-
-    def counting(text: str) -> str:
-        kept = real(text)
-        if kept is text:
-            interned.append(text)
-        return kept
-
-    monkeypatch.setattr(sys, "intern", counting)
+    added = interned()
     assert hwmon.read() == first and first
-    assert interned == []
+    assert added == []

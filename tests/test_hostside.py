@@ -502,7 +502,7 @@ def test_a_mapping_job_id_is_ascii_between_ascii_whitespace(tmp_path, scontrol_e
     assert errors == [("slurm", "malformed_input")]
 
 
-def test_a_scan_and_an_attribution_intern_no_string(tmp_path, monkeypatch):
+def test_a_scan_and_an_attribution_intern_no_string(tmp_path, interned):
     """pathlib interns every part of every Path it makes (sys.intern), and names that come and go with the jobs
     (job_<id>, step_0, a PID, cpu.stat) churned the interpreter's table of interned strings: each resize of it,
     every few minutes in the soak, allocated 1 or 1.9 MB by turns (gdb caught it), and the process's RSS
@@ -536,15 +536,6 @@ def test_a_scan_and_an_attribution_intern_no_string(tmp_path, monkeypatch):
     assert [j[0] for j in first[0]] == ["0a1b2c3d-0000-4000-8000-00000000abcd", "77", "78"]
     assert {(i.pid, i.scheduler, i.job_id) for i in first[1]} >= {(4101, "slurm", "77")}
     assert first[2] == {(0, None): ["77"], (1, 3): ["78"]}
-    interned: list[str] = []
-    real = sys.intern
-
-    def counting(text: str) -> str:
-        kept = real(text)
-        if kept is text:  # not interned before: an insertion into the interpreter's table
-            interned.append(text)
-        return kept
-
-    monkeypatch.setattr(sys, "intern", counting)
+    added = interned()
     assert one_read() == first
-    assert interned == []
+    assert added == []
