@@ -18,8 +18,9 @@ kubelet (tests/fakekubelet.py, a real gRPC PodResources server in this process).
 - ``--xids`` (5,000) XID events, spread over the GPUs and a dozen codes of every severity.
 
 The churn starts after the baseline and ends at 90 % of the polls; the first 10 % of the polls are the
-warm-up. Measured from /proc every ``--sample`` seconds: VmRSS, threads (/proc/PID/task), open file
-descriptors (/proc/PID/fd); from /metrics: the series count (sample lines). The checks:
+warm-up. Measured from /proc every ``--sample`` seconds: VmRSS and its RssAnon and RssFile, RssAnon split by
+where it lives (/proc/PID/smaps), threads (/proc/PID/task), open file descriptors (/proc/PID/fd); from
+/metrics: the series count (sample lines). The checks:
 
 - resident memory at the end at most ``--rss-growth-mb`` (2 MB) above what it was after the warm-up: medians
   of the samples over a tenth of the polls each, right after the warm-up and at the end (after the churn),
@@ -490,19 +491,15 @@ def run(args: argparse.Namespace) -> dict:
         at_warm = after[0] if after else samples[-1]
         # RSS moves by several MB from one sample to the next (the rules' history is trimmed in chunks, the
         # collector runs): the figures compared are medians over a tenth of the polls, right after the
-        # warm-up and at the end (after the churn)
-        # RssAnon is the check: what gpuwatch allocated. RssFile (the libraries' pages mapped) is the kernel's to
-        # drop and bring back (a reclaim of the page cache took 12 MB of it from both soaks of 2026-12-05 at
-        # once): it would hide growth, or be taken for it. VmRSS (both) is reported beside it.
-        def medians(key: str) -> tuple[float, float]:
-            early = [s[key] for s in after if s["poll"] < warm + polls // 10] or [at_warm[key]]
-            late = [s[key] for s in after if s["poll"] >= polls * 9 // 10] or [end_figures[key]]
-            return median(early), median(late)
-
-        early_anon, late_anon = medians("rss_anon_bytes")
-        early_rss, late_rss = medians("rss_bytes")
-        compared = [sum(1 for s in after if s["poll"] < warm + polls // 10),
-                    sum(1 for s in after if s["poll"] >= polls * 9 // 10)]
+        # warm-up and at the end (after the churn). RssAnon is the check: what gpuwatch allocated. RssFile (the
+        # libraries' pages mapped) is the kernel's to drop and bring back (a reclaim of the page cache took 12 MB
+        # of it from both soaks of 2026-12-05 at once): it would hide growth, or be taken for it. VmRSS (both)
+        # is reported beside it.
+        early = [s for s in after if s["poll"] < warm + polls // 10] or [at_warm]
+        late = [s for s in after if s["poll"] >= polls * 9 // 10] or [end_figures]
+        compared = [len(early), len(late)]
+        early_anon, late_anon = (median([s["rss_anon_bytes"] for s in part]) for part in (early, late))
+        early_rss, late_rss = (median([s["rss_bytes"] for s in part]) for part in (early, late))
         xids_seen = sum(v for (name, _), v in final.items() if name == "gpuwatch_xid_events_total")
         result = {
             "polls": polls, "polls_done": daemon.polls(), "interval_s": args.interval,
