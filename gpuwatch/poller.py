@@ -27,6 +27,7 @@ from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups.selection import Selection
 from gpuwatch.groups.xid import describe as describe_xid
+from gpuwatch.heap import Trimmer
 from gpuwatch.logs import Repeats, get_logger
 from gpuwatch.model import FastSample, GpuIdentity, GpuProcess, GpuState, HostSample, ProcessInfo, SlowSample
 from gpuwatch.schedule import (
@@ -61,6 +62,7 @@ class Poller:
         self._backend = backend
         self._store = store
         self._clock = clock
+        self._trimmer = Trimmer(monotonic=clock.monotonic)
         self._fast_interval = fast_interval
         self._slow_interval = slow_interval
         self._evaluate = evaluate
@@ -200,6 +202,7 @@ class Poller:
 
     def poll_slow(self) -> None:
         self._poll("slow")
+        self._trimmer.maybe_trim()  # malloc's free pages back to the kernel, once a minute (gpuwatch.heap)
 
     def _poll(self, tier: str) -> None:
         started = time.perf_counter()

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gpuwatch import __version__, logs
+from gpuwatch import __version__, heap, logs
 from gpuwatch.agent import Agent
 from gpuwatch.config import Config
 from gpuwatch.errors import ConfigError
@@ -124,6 +124,7 @@ def run_command(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_requested.set())
     raise_descriptor_limit()
+    heap.limit_arenas()  # before the HTTP, scheduler and events threads start
     try:
         bound = agent.serve()
     except ConfigError as exc:  # the web config file changed between the check at start and now
