@@ -1,0 +1,92 @@
+"""gpuwatch.heap: glibc's malloc keeps less of what the daemon freed (its arenas limited, trimmed once a minute)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpuwatch import heap
+
+ROOT = Path(__file__).resolve().parents[1]
+GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def no_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process as it would be over musl: confstr knows no glibc version."""
+    def confstr(name: str) -> str | None:
+        raise ValueError(f"unrecognized configuration name {name!r}")
+    monkeypatch.setattr(heap.os, "confstr", confstr)
+    monkeypatch.setattr(heap, "_libc", None)
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_a_trim_gives_the_free_pages_back_to_the_kernel() -> None:
+    # In a process of its own: 40 MB in 100 KB blocks (under malloc's mmap threshold: from the heap), every
+    # tenth kept so that the freed ones lie between live ones, where free() alone gives nothing back.
+    script = textwrap.dedent("""
+        from gpuwatch import heap
+        def anon():
+            for line in open("/proc/self/status"):
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+        clock = [0.0]
+        trimmer = heap.Trimmer(every=60, monotonic=lambda: clock[0])
+        blocks = [bytearray(100_000) for _ in range(400)]
+        kept = blocks[::10]
+        del blocks
+        before = anon()
+        clock[0] = 60.0
+        print(trimmer.maybe_trim(), before, anon(), len(kept))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+    trimmed, before, after = out[0], int(out[1]), int(out[2])
+    assert trimmed == "True"
+    assert before - after > 20_000, (before, after)  # kB: most of the 36 MB freed
+
+
+def test_trims_once_a_period_of_the_injected_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    class Lib:
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(pad)
+            return 1
+
+    monkeypatch.setattr(heap, "_libc", Lib())
+    clock = Clock()
+    trimmer = heap.Trimmer(every=60, monotonic=clock.monotonic)
+    done = []
+    for step in (0, 59.9, 60, 61, 119.9, 120.5):
+        clock.now = 1000.0 + step
+        done.append(trimmer.maybe_trim())
+    assert done == [False, False, True, False, False, True]
+    assert calls == [0, 0] and trimmer.trims == 2
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_the_arenas_are_limited_unless_the_operator_chose_a_number() -> None:
+    assert heap.limit_arenas({"MALLOC_ARENA_MAX": "8"}) is False  # glibc read the operator's at start
+    assert heap.limit_arenas({}) is True
+
+
+def test_another_c_library_gets_neither_and_no_error(no_glibc: None) -> None:
+    clock = Clock()
+    trimmer = heap.Trimmer(every=60, monotonic=clock.monotonic)
+    clock.now += 60
+    assert heap.limit_arenas({}) is False
+    assert trimmer.maybe_trim() is False and trimmer.trims == 0
