@@ -1,8 +1,8 @@
 """The C heap under a long-lived daemon: glibc's malloc told to keep less of what it no longer uses.
 
 Python hands every block over 512 bytes (a dict's table, a list, a rendered exposition, a gRPC answer) to
-malloc, and glibc's malloc gives each thread that allocates under contention an arena of its own (up to
-8 per CPU): the poll threads, the HTTP connections' threads, gRPC's. Memory freed in one arena is kept by
+malloc, and glibc's malloc gives each thread an arena of its own at its first allocation (up to 8 per
+CPU): the poll threads, the HTTP connections' threads, gRPC's. Memory freed in one arena is kept by
 it for later use there, and the pages of free chunks between live ones stay resident. Under churn (jobs,
 pods, MIG layouts coming and going, so that the sizes of what is allocated keep changing) the soak saw the
 resident anonymous memory rise about 0.7 MB per 1,000 s while Python's live objects stayed flat
@@ -11,10 +11,12 @@ resident anonymous memory rise about 0.7 MB per 1,000 s while Python's live obje
 Two remedies, both glibc's own knobs, both without effect elsewhere (musl, macOS: nothing is done):
 
 - ``limit_arenas()`` at start: at most ``ARENA_MAX`` arenas (``mallopt(M_ARENA_MAX)``, as the
-  ``MALLOC_ARENA_MAX`` variable does; one the operator set wins). Python's threads allocate under the
-  GIL, so they seldom contend for an arena: more arenas only spread the free memory thinner.
+  ``MALLOC_ARENA_MAX`` variable does; one the operator set, there or as ``GLIBC_TUNABLES``'
+  ``glibc.malloc.arena_max``, wins). Threads past the cap share arenas; Python's threads allocate under
+  the GIL, so they seldom contend for one: more arenas only spread the free memory thinner.
 - ``Trimmer.maybe_trim()``, called by a periodic job: ``malloc_trim(0)`` at most every ``TRIM_SECONDS``,
-  which returns the free pages of every arena to the kernel (0.05–1.5 ms a call, measured).
+  which gives the kernel back the whole free pages inside every arena and the free top of the main one
+  (another arena's free top stays, up to malloc's trim threshold) (0.05–1.5 ms a call, measured).
 """
 
 from __future__ import annotations
@@ -53,10 +55,14 @@ def _glibc() -> Any:
 
 
 def limit_arenas(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """At most ARENA_MAX malloc arenas from now on (call before threads start); False where nothing was
-    done: not glibc, or MALLOC_ARENA_MAX set by the operator (glibc read it at start)."""
+    """At most ARENA_MAX malloc arenas from now on (call before threads start: glibc ignores the cap once
+    the process has had more than 8 arenas, and never removes one); False where nothing was done: not
+    glibc, or the operator's own number (MALLOC_ARENA_MAX, GLIBC_TUNABLES=glibc.malloc.arena_max=N), which
+    glibc read at start."""
     lib = _glibc()
     if lib is None or environ.get("MALLOC_ARENA_MAX"):
+        return False
+    if any(t.strip().startswith("glibc.malloc.arena_max=") for t in environ.get("GLIBC_TUNABLES", "").split(":")):
         return False
     return bool(lib.mallopt(M_ARENA_MAX, ARENA_MAX))
 

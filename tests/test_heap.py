@@ -13,7 +13,13 @@ import pytest
 from gpuwatch import heap
 
 ROOT = Path(__file__).resolve().parents[1]
-GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+try:
+    GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+except (ValueError, OSError):  # macOS: no such name; musl: EINVAL
+    GLIBC = False
+# The child processes' malloc as glibc's defaults make it: none of the caller's tuning or another allocator.
+CLEAN_ENV = {k: v for k, v in os.environ.items()
+             if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD", "PYTHONMALLOC"))}
 
 
 class Clock:
@@ -24,11 +30,13 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def no_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The process as it would be over musl: confstr knows no glibc version."""
+@pytest.fixture(params=[ValueError("unrecognized configuration name"), OSError(22, "Invalid argument")],
+                ids=["macos", "musl"])
+def no_glibc(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process as it would be over another C library: confstr knows no glibc version (macOS: no such
+    name, ValueError; musl: EINVAL)."""
     def confstr(name: str) -> str | None:
-        raise ValueError(f"unrecognized configuration name {name!r}")
+        raise request.param
     monkeypatch.setattr(heap.os, "confstr", confstr)
     monkeypatch.setattr(heap, "_libc", None)
 
@@ -53,7 +61,7 @@ def test_a_trim_gives_the_free_pages_back_to_the_kernel() -> None:
         print(trimmer.maybe_trim(), before, anon(), len(kept))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+                         env={**CLEAN_ENV, "PYTHONPATH": str(ROOT)}).stdout.split()
     trimmed, before, after = out[0], int(out[1]), int(out[2])
     assert trimmed == "True"
     assert before - after > 20_000, (before, after)  # kB: most of the 36 MB freed
@@ -79,9 +87,33 @@ def test_trims_once_a_period_of_the_injected_clock(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
-def test_the_arenas_are_limited_unless_the_operator_chose_a_number() -> None:
-    assert heap.limit_arenas({"MALLOC_ARENA_MAX": "8"}) is False  # glibc read the operator's at start
-    assert heap.limit_arenas({}) is True
+@pytest.mark.parametrize(("env", "arenas"), [({}, 2), ({"MALLOC_ARENA_MAX": "4"}, 4),
+                                             ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, 4)],
+                         ids=["default", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"])
+def test_the_arenas_are_limited_unless_the_operator_chose_a_number(env: dict[str, str], arenas: int) -> None:
+    # In a process of its own: 12 threads, each of which takes an arena at its first malloc unless capped;
+    # malloc_stats() writes one "Arena N:" line per arena to stderr. (mallopt answers 1 to any parameter.)
+    script = textwrap.dedent("""
+        import ctypes, sys, threading
+        from gpuwatch import heap
+        print(heap.limit_arenas())
+        hold = threading.Barrier(13)
+        def work():
+            block = bytearray(100_000)
+            hold.wait()
+        threads = [threading.Thread(target=work) for _ in range(12)]
+        for t in threads:
+            t.start()
+        hold.wait()
+        for t in threads:
+            t.join()
+        sys.stdout.flush()
+        ctypes.CDLL(None).malloc_stats()
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**CLEAN_ENV, **env, "PYTHONPATH": str(ROOT)})
+    assert run.stdout.split() == [str(not env)]
+    assert sum(line.startswith("Arena ") for line in run.stderr.splitlines()) == arenas
 
 
 def test_another_c_library_gets_neither_and_no_error(no_glibc: None) -> None:
