@@ -11,23 +11,13 @@ from pathlib import Path
 import pytest
 
 from gpuwatch import heap
+from gpuwatch.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parents[1]
-try:
-    GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
-except (ValueError, OSError):  # macOS: no such name; musl: EINVAL
-    GLIBC = False
+GLIBC = heap._glibc() is not None
 # The child processes' malloc as glibc's defaults make it: none of the caller's tuning or another allocator.
 CLEAN_ENV = {k: v for k, v in os.environ.items()
              if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD", "PYTHONMALLOC"))}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
 
 
 @pytest.fixture(params=[ValueError("unrecognized configuration name"), OSError(22, "Invalid argument")],
@@ -76,11 +66,11 @@ def test_trims_once_a_period_of_the_injected_clock(monkeypatch: pytest.MonkeyPat
             return 1
 
     monkeypatch.setattr(heap, "_libc", Lib())
-    clock = Clock()
+    clock = FakeClock()
     trimmer = heap.Trimmer(every=60, monotonic=clock.monotonic)
     done = []
-    for step in (0, 59.9, 60, 61, 119.9, 120.5):
-        clock.now = 1000.0 + step
+    for seconds in (0, 59.5, 0.5, 1, 58.5, 1):  # at 0, 59.5, 60, 61, 119.5, 120.5 s
+        clock.advance(seconds)
         done.append(trimmer.maybe_trim())
     assert done == [False, False, True, False, False, True]
     assert calls == [0, 0] and trimmer.trims == 2
@@ -117,8 +107,8 @@ def test_the_arenas_are_limited_unless_the_operator_chose_a_number(env: dict[str
 
 
 def test_another_c_library_gets_neither_and_no_error(no_glibc: None) -> None:
-    clock = Clock()
+    clock = FakeClock()
     trimmer = heap.Trimmer(every=60, monotonic=clock.monotonic)
-    clock.now += 60
+    clock.advance(60)
     assert heap.limit_arenas({}) is False
     assert trimmer.maybe_trim() is False and trimmer.trims == 0
