@@ -320,6 +320,40 @@ def test_a_failing_reading_marks_its_group_not_the_others(inproc):
     assert d.value("gpuwatch_utilization_ratio", **labels(node, 0, engine="gpu")) is not None
 
 
+def test_field_values_read_in_one_unpack_follow_every_change_of_value_type_and_error(inproc):
+    """After an answer in which every entry succeeded, a tier's field-values answer is read with one struct
+    unpack in those value types (calls.Batch.values); an answer of another shape is read entry by entry: a
+    value type that changes is read in its new type, a failing entry is counted and left out while the other
+    entries are read, and each poll's values are that poll's."""
+    node = fakenvml.FakeNode.h200(1)
+    g = node.gpus[0]
+    d = inproc(node)
+    memory = labels(node, 0, sensor="memory")
+    d.wait_value("gpuwatch_temperature_celsius", g.memory_temperature, **memory)
+    for celsius in (40, 41):  # the learnt layout (field 82 an unsigned int) reads every new value
+        g.memory_temperature = celsius
+        d.fx.write(node)
+        d.wait_value("gpuwatch_temperature_celsius", celsius, **memory)
+    g.set_field(82, 41.5, type="d")  # the driver answers a double now: read in its new type, then learnt
+    d.fx.write(node)
+    d.wait_value("gpuwatch_temperature_celsius", 41.5, **memory)
+    g.set_field(82, 43.25, type="d")
+    d.fx.write(node)
+    d.wait_value("gpuwatch_temperature_celsius", 43.25, **memory)
+    g.set_field_error(82, 999)  # UNKNOWN in that entry only
+    g.power_mw += 25_000  # another entry of the same batch (field 185) moves meanwhile
+    d.fx.write(node)
+    d.wait_value("gpuwatch_power_watts", g.power_mw / 1000, **labels(node, 0))
+    d.wait_value("gpuwatch_temperature_celsius", None, **memory)
+    assert d.value("gpuwatch_collector_success", group="thermal") == 0
+    assert d.value("gpuwatch_poll_errors_total", tier="fast", error="unknown") >= 1
+    g.field_errors.clear()
+    g.set_field(82, 44.0, type="d")
+    d.fx.write(node)
+    d.wait_value("gpuwatch_temperature_celsius", 44.0, **memory)
+    d.wait_value("gpuwatch_collector_success", 1, group="thermal")
+
+
 @pytest.mark.daemon
 def test_a_library_copied_as_a_text_file_says_how_to_link_it(tmp_path):
     """A copy that turned the libnvidia-ml.so.1 symlink into a text file naming the real library (as NVIDIA's

@@ -227,16 +227,24 @@ class Query:
                 self.field_errors[group] = self.field_errors.get(group, 0) + 1
             return
         values = self._values
+        answered = batch.values()  # every entry in the types of the last complete answer: one unpack
+        if answered is not None:
+            values.update(zip(batch.ids, answered))
+            return
         members, known = VALUE_MEMBERS, len(VALUE_MEMBERS)
+        kinds = []
         for key, entry in zip(batch.ids, entries):
             code = entry.nvmlReturn
             if code == 0:  # NVML_SUCCESS
                 kind = entry.valueType
                 if kind < known:
                     values[key] = getattr(entry.value, members[kind])
+                    kinds.append(kind)
                     continue
             if code == LOST:
                 raise DeviceLost(self._uuid, "NVML: GPU is lost")
             self.errors.append(ERROR_NAMES.get(code, "unknown") if code != N.NVML_SUCCESS else "bad_value_type")
             group = batch.owners.get(key, "")
             self.field_errors[group] = self.field_errors.get(group, 0) + 1
+        if len(kinds) == len(batch.ids):
+            batch.learn(tuple(kinds))
