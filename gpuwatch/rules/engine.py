@@ -72,8 +72,22 @@ def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
 
     Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``, always
     complete); dropping them from the copies kept for the look-back saves about a third of the history's
-    memory (docs/performance.md)."""
-    return _kept(FastSample, FAST_HISTORY, sample, previous)
+    memory (docs/performance.md). ``_kept``'s way for a table of every field (FAST_HISTORY), built
+    positionally: it runs for every GPU at every poll."""
+    values = []
+    same = previous is not None
+    for name, keep in FAST_HISTORY:
+        value = getattr(sample, name)
+        if keep is not None:
+            value = keep(value)
+        if previous is not None:
+            before = getattr(previous, name)
+            if before is value or before == value:
+                value = before
+            else:
+                same = False
+        values.append(value)
+    return previous if same else FastSample(*values)  # type: ignore[return-value]  # same: previous is set
 
 
 # The slow readings the rules look back at (Window.slow_derive: PCIe replays, NVLink error counters); the
@@ -212,7 +226,7 @@ class Engine:
         self._fast_seconds = self._history_seconds(self._configs)
         self._expected_gpus = expected_gpus
         self._most_gpus = 0
-        self._tracks: dict[tuple[str, str | None], _Track] = {}
+        self._tracks: dict[str, dict[str | None, _Track]] = {}  # rule id -> GPU uuid (None: the node) -> state
         self._history: dict[str, History[FastSample]] = {}
         self._slow_history: dict[str, History[SlowSample]] = {}
         # the GPUs (uuid, features) of _targets: a new plan (new lists) when they change
@@ -319,6 +333,7 @@ class Engine:
         gpus = snap.gpus
         plan = self._plan(gpus)
         labels = [str(state.identity.index) for state in gpus]
+        uuids = [state.identity.uuid for state in gpus]
         step = self._step
         result: list[Anomaly] = []
         for rule in self._rules:
@@ -351,14 +366,29 @@ class Engine:
             kept_targets = targets
             if targets is None:  # an ``applies`` that may look at more than the features: ask every time
                 targets = [i for i, state in enumerate(gpus) if self._applies(rule, state)]
+            tracks = self._tracks.get(rule.id)
+            if tracks is None:
+                tracks = self._tracks[rule.id] = {}
+            severity, append = config.severity, result.append
             for i in targets:
-                uuid = gpus[i].identity.uuid
+                uuid = uuids[i]
                 try:
                     obs = evaluate(window, uuid, config)
                 except Exception as exc:  # a bug in one rule on one GPU's odd reading stays there
                     self._failed(rule, uuid, labels[i], exc)
                     obs = None
-                result.append(step(rule, config, uuid, labels[i], obs, now, wall))
+                if obs is not None and not obs.active:
+                    # Quiet and still quiet (almost every rule on almost every GPU at every run): nothing moves
+                    # but the last observation; the Anomaly shown stays unless the severity or the label did
+                    # (shown of a state that does not fire: since_wall None, onsets current). _step's way, inline.
+                    track = tracks.get(uuid)
+                    if track is not None and track.state == "quiet":
+                        track.last = obs
+                        shown = track.shown
+                        if shown is not None and not shown[2] and shown[0] == severity and shown[1] == labels[i]:
+                            append(track.anomaly)  # type: ignore[arg-type]  # set with shown
+                            continue
+                append(step(rule, config, uuid, labels[i], obs, now, wall))
             if every:
                 self._kept[rule.id] = (now, kept_targets, result[first:])
         return tuple(result)
@@ -406,18 +436,12 @@ class Engine:
 
     def _step(self, rule: Rule, config: RuleConfig, uuid: str | None, gpu: str | None,
               obs: Observation | None, now: float, wall: float) -> Anomaly:
-        key = (rule.id, uuid)
-        track = self._tracks.get(key)
+        tracks = self._tracks.get(rule.id)
+        if tracks is None:
+            tracks = self._tracks[rule.id] = {}
+        track = tracks.get(uuid)
         if track is None:
-            track = self._tracks[key] = _Track()
-        elif obs is not None and not obs.active and track.state == "quiet":
-            # Quiet and still quiet (almost every rule on almost every GPU at every evaluation): nothing
-            # moves but the last observation; the Anomaly shown stays unless the severity or the label did.
-            track.last = obs
-            shown = track.shown
-            # shown of a state that does not fire: since_wall None, onsets current (they change only on firing)
-            if shown is not None and not shown[2] and shown[0] == config.severity and shown[1] == gpu:
-                return track.anomaly  # type: ignore[return-value]  # set with shown
+            track = tracks[uuid] = _Track()
         if obs is not None:
             state, active = track.state, obs.active
             if active or state == "quiet" or state == "pending" or track.last is None:

@@ -23,9 +23,9 @@ def _pct(ratio: float | None) -> str:
 def _stopped(fan: FanReading, config: RuleConfig) -> bool | None:
     """RPM where measured (the physical truth), else the reported speed; None: no reading."""
     if fan.speed_rpm is not None:
-        return fan.speed_rpm <= config["stalled_rpm"]
+        return fan.speed_rpm <= config.params["stalled_rpm"]
     if fan.speed_ratio is not None:
-        return fan.speed_ratio <= config["stalled_ratio"]
+        return fan.speed_ratio <= config.params["stalled_ratio"]
     return None
 
 
@@ -34,15 +34,15 @@ def _fan_stalled(window: Window, uuid: str, config: RuleConfig) -> Observation |
     if fast is None or not fast.fans:
         return None
     headroom, _ = slowdown_headroom(fast, window.slow(uuid))
-    warm = headroom is not None and headroom <= config["warm_margin_celsius"]
+    warm = headroom is not None and headroom <= config.params["warm_margin_celsius"]
     quiet: Observation | None = None
     for fan in fast.fans:
         stopped = _stopped(fan, config)
         if stopped is None:
             continue
-        commanded = fan.target_speed_ratio is not None and fan.target_speed_ratio >= config["min_target_ratio"]
+        commanded = fan.target_speed_ratio is not None and fan.target_speed_ratio >= config.params["min_target_ratio"]
         value = fan.speed_rpm if fan.speed_rpm is not None else fan.speed_ratio
-        threshold = config["stalled_rpm"] if fan.speed_rpm is not None else config["stalled_ratio"]
+        threshold = config.params["stalled_rpm"] if fan.speed_rpm is not None else config.params["stalled_ratio"]
         if stopped and (commanded or warm):
             rpm = "" if fan.speed_rpm is None else f" ({fan.speed_rpm:.0f} RPM)"
             if commanded:
@@ -76,7 +76,7 @@ def _fan_not_tracking(window: Window, uuid: str, config: RuleConfig) -> Observat
     fast = window.fast(uuid)
     if fast is None or not fast.fans:
         return None
-    history = window.samples(uuid, config["window_seconds"])
+    history = window.samples(uuid, config.params["window_seconds"])
     result: Observation | None = None
     for fan in fast.fans:
         if fan.speed_ratio is None or fan.target_speed_ratio is None:
@@ -87,9 +87,9 @@ def _fan_not_tracking(window: Window, uuid: str, config: RuleConfig) -> Observat
         # The median over the window: a single odd reading neither starts nor ends an episode.
         middle = median(deviations)
         stopped = _stopped(fan, config)  # a stopped fan is fan_stalled's business
-        active = abs(middle) > config["deviation_ratio"] and not stopped
-        obs = Observation(active, abs(middle), config["deviation_ratio"],
-                          functools.partial(_tracking_text, window, uuid, fan, middle, config["window_seconds"]))
+        active = abs(middle) > config.params["deviation_ratio"] and not stopped
+        obs = Observation(active, abs(middle), config.params["deviation_ratio"],
+                          functools.partial(_tracking_text, window, uuid, fan, middle, config.params["window_seconds"]))
         if active:
             return obs
         if result is None or (obs.value or 0) > (result.value or 0):
@@ -109,9 +109,9 @@ def _fan_at_max(window: Window, uuid: str, config: RuleConfig) -> Observation | 
     if not demands:
         return None
     demand = min(demands)  # every fan at its maximum
-    active = demand >= config["max_ratio"] and headroom <= config["margin_celsius"]
+    active = demand >= config.params["max_ratio"] and headroom <= config.params["margin_celsius"]
     return Observation(
-        active, headroom, config["margin_celsius"],
+        active, headroom, config.params["margin_celsius"],
         lambda: f"{gpu_label(window, uuid)} fans at {_pct(demand)} and the GPU at "
                 f"{fast.thermal.temperature_celsius:.0f} °C, {headroom:.0f} °C below its {slowdown:.0f} °C "
                 "slowdown threshold",

@@ -56,7 +56,7 @@ def _xid_critical(window: Window, uuid: str, config: RuleConfig) -> Observation 
     if state is None:
         return None
     now = _wall_now(window)
-    lookback = config["lookback_seconds"]
+    lookback = config.params["lookback_seconds"]
     recent = sorted(
         ((now - when, code) for code, when in state.xid_last_timestamp.items()
          if code in CRITICAL_XIDS and now - when <= lookback),
@@ -110,7 +110,7 @@ def _ecc_uncorrectable(window: Window, uuid: str, config: RuleConfig) -> Observa
         return (f"{gpu_label(window, uuid)} {count} uncorrectable ECC errors since the last driver load "
                 f"or GPU reset{lifetime}")
 
-    return Observation(count >= config["min_count"], float(count), config["min_count"], summary)
+    return Observation(count >= config.params["min_count"], float(count), config.params["min_count"], summary)
 
 
 def _flag_rule(field: str, text_on: str, text_off: str) -> Callable[[Window, str, RuleConfig], Observation | None]:
@@ -132,7 +132,7 @@ def _busy(sample: FastSample | None, config: RuleConfig) -> bool | None:
     if sample is None:
         return None
     util = sample.utilization.utilization_ratio.get("gpu")
-    return None if util is None else util >= config["busy_utilization_ratio"]
+    return None if util is None else util >= config.params["busy_utilization_ratio"]
 
 
 def _sample_near(window: Window, uuid: str, when: float | None) -> FastSample | None:
@@ -214,7 +214,7 @@ def _pcie_replays_rising(window: Window, uuid: str, config: RuleConfig) -> Obser
     slow = window.slow(uuid)
     if slow is None or slow.pcie.pcie_replays is None:
         return None
-    lookback, per_minute = config["lookback_seconds"], config["min_per_minute"]
+    lookback, per_minute = config.params["lookback_seconds"], config.params["min_per_minute"]
     readings, span, increase = window.slow_derive(uuid, lookback, "replays")
     if readings < 2 or span < lookback / 5:
         return None

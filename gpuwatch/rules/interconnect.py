@@ -79,10 +79,10 @@ def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Obse
     slow = window.slow(uuid)
     if slow is None or not (slow.nvlink.nvlink_errors or slow.nvlink.nvlink_bit_error_rate):
         return None
-    lookback = config["lookback_seconds"]
+    lookback = config.params["lookback_seconds"]
     readings, span, increase = window.slow_derive(uuid, lookback, "increases")
     ber = slow.nvlink.nvlink_bit_error_rate.get("effective")
-    ber_limit = config["max_effective_ber"]
+    ber_limit = config.params["max_effective_ber"]
     ber_bad = ber is not None and ber > ber_limit  # DCGM: exactly 1e-12 is not exceeded
     if (readings < 2 or span < lookback / 5) and not ber_bad:
         return None
@@ -91,11 +91,11 @@ def _nvlink_errors_rising(window: Window, uuid: str, config: RuleConfig) -> Obse
     limit = _positive
     # each rate against its own limit; recovery (a link retrained) weighs most: its limit is the lowest
     score = max(
-        (rate("crc_flit", 0.0) + rate("crc_data", 0.0)) / limit(config["crc_per_minute"]),
-        rate("replay", 0.0) / limit(config["replay_per_minute"]),
-        rate("recovery", 0.0) / limit(config["recovery_per_minute"]),
-        rate("recovery_successful", 0.0) / limit(config["recovery_per_minute"]),
-        rate("effective", 0.0) / limit(config["effective_per_minute"]),
+        (rate("crc_flit", 0.0) + rate("crc_data", 0.0)) / limit(config.params["crc_per_minute"]),
+        rate("replay", 0.0) / limit(config.params["replay_per_minute"]),
+        rate("recovery", 0.0) / limit(config.params["recovery_per_minute"]),
+        rate("recovery_successful", 0.0) / limit(config.params["recovery_per_minute"]),
+        rate("effective", 0.0) / limit(config.params["effective_per_minute"]),
         float(any(increase.get(kind, 0) > 0 for kind in _ANY)),
         float(ber_bad),
     )

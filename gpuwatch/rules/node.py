@@ -28,7 +28,7 @@ def _collection_stalled(window: Window, config: RuleConfig) -> Observation | Non
     tier = window.latest.tiers.get("fast")
     if tier is None:
         return None
-    limit = config["staleness_factor"] * window.fast_staleness
+    limit = config.params["staleness_factor"] * window.fast_staleness
     now, completed, since = window.now, tier.last_completed_monotonic, tier.in_flight_since
     if completed is not None:
         age = now - completed
@@ -81,11 +81,11 @@ def _budget(window: Window, over: bool, config: RuleConfig) -> Observation | Non
         return None
     share = total / budget
     if over:
-        active = share > config["over_ratio"]
-        threshold = config["over_ratio"]
+        active = share > config.params["over_ratio"]
+        threshold = config.params["over_ratio"]
     else:  # near the budget, not over it: that is node_power_over_budget's
-        active = config["warn_ratio"] <= share <= config["over_ratio"]
-        threshold = config["warn_ratio"]
+        active = config.params["warn_ratio"] <= share <= config.params["over_ratio"]
+        threshold = config.params["warn_ratio"]
 
     def summary() -> str:
         text = f"the node's {counted} GPUs draw {total:,.0f} W of its {budget:,.0f} W power budget ({share:.0%})"

@@ -34,17 +34,17 @@ def _overheating(window: Window, uuid: str, config: RuleConfig) -> Observation |
     memory_headroom = None if memory_max is None or memory is None else memory_max - memory
     if headroom is None and memory_headroom is None:
         return None
-    gpu_hot = headroom is not None and headroom <= config["margin_celsius"]
-    memory_hot = memory_headroom is not None and memory_headroom <= config["memory_margin_celsius"]
+    gpu_hot = headroom is not None and headroom <= config.params["margin_celsius"]
+    memory_hot = memory_headroom is not None and memory_headroom <= config.params["memory_margin_celsius"]
     if memory_hot and not gpu_hot:
-        return Observation(True, memory_headroom, config["memory_margin_celsius"],
+        return Observation(True, memory_headroom, config.params["memory_margin_celsius"],
                            f"{gpu_label(window, uuid)} memory at {memory:.0f} °C, {memory_headroom:.0f} °C below its "
                            f"{memory_max:.0f} °C maximum")
     if headroom is None:
-        return Observation(False, memory_headroom, config["memory_margin_celsius"],
+        return Observation(False, memory_headroom, config.params["memory_margin_celsius"],
                            lambda: f"{gpu_label(window, uuid)} memory at {memory:.0f} °C, {memory_headroom:.0f} °C "
                                    "below its maximum")
-    return Observation(gpu_hot, headroom, config["margin_celsius"],
+    return Observation(gpu_hot, headroom, config.params["margin_celsius"],
                        lambda: f"{gpu_label(window, uuid)} at {fast.thermal.temperature_celsius:.0f} °C, "
                                f"{headroom:.0f} °C below its {slowdown:.0f} °C slowdown threshold")
 
@@ -120,7 +120,7 @@ def _thermal_runaway(window: Window, uuid: str, config: RuleConfig) -> Observati
     headroom, slowdown = slowdown_headroom(fast, window.slow(uuid))
     if fast is None or headroom is None or slowdown is None:
         return None
-    span = config["window_seconds"]
+    span = config.params["window_seconds"]
     means = _block_means(window, uuid, span)
     if means is None:
         return None  # not enough history yet
@@ -130,9 +130,9 @@ def _thermal_runaway(window: Window, uuid: str, config: RuleConfig) -> Observati
     if temp is None:
         return None
     seconds = math.inf
-    if rate >= config["min_rate_celsius_per_minute"]:
+    if rate >= config.params["min_rate_celsius_per_minute"]:
         seconds = project_seconds_to(slowdown, temp, means, spacing)
-    active = headroom <= config["watch_margin_celsius"] and seconds <= config["horizon_seconds"]
+    active = headroom <= config.params["watch_margin_celsius"] and seconds <= config.params["horizon_seconds"]
 
     def summary() -> str:
         if math.isinf(seconds):
@@ -141,7 +141,7 @@ def _thermal_runaway(window: Window, uuid: str, config: RuleConfig) -> Observati
         return (f"{gpu_label(window, uuid)} at {temp:.0f} °C rising {rate:.1f} °C/min: projected to reach its "
                 f"{slowdown:.0f} °C slowdown threshold in {seconds / 60:.1f} min")
 
-    return Observation(active, None if math.isinf(seconds) else seconds, config["horizon_seconds"], summary)
+    return Observation(active, None if math.isinf(seconds) else seconds, config.params["horizon_seconds"], summary)
 
 
 # ------------------------------------------------------------------------------------ throttling
@@ -152,7 +152,7 @@ def _thermal_throttling(window: Window, uuid: str, config: RuleConfig) -> Observ
     if fast is None:
         return None
     active_now = [r for r in THERMAL_REASONS if fast.clocks.clocks_event_active.get(r, False)]
-    span = config["window_seconds"]
+    span = config.params["window_seconds"]
     share = counter_share(window, uuid, THERMAL_COUNTERS, span)
     if share is None:  # no counters on this GPU: the share of polls with a thermal reason set
         share = sample_share(window, uuid, "thermal_slowdown", span)
@@ -163,9 +163,10 @@ def _thermal_throttling(window: Window, uuid: str, config: RuleConfig) -> Observ
             return f"{gpu_label(window, uuid)} thermal slowdown active ({', '.join(active_now)}){share_text}"
         return f"{gpu_label(window, uuid)} no thermal slowdown now{share_text}"
 
+    min_share = config.params["min_share"]
     if active_now:
-        return Observation(True, share if share is not None else 1.0, config["min_share"], summary)
-    return Observation(share is not None and share >= config["min_share"], share, config["min_share"], summary)
+        return Observation(True, share if share is not None else 1.0, min_share, summary)
+    return Observation(share is not None and share >= min_share, share, min_share, summary)
 
 
 # ------------------------------------------------------------------------------------ outlier
@@ -213,7 +214,7 @@ def _thermal_outlier(window: Window, uuid: str, config: RuleConfig) -> Observati
     if fast is None or state is None or fast.power.power_watts is None or fast.thermal.temperature_celsius is None:
         return None
     power, temp = fast.power.power_watts, fast.thermal.temperature_celsius
-    tolerance = max(config["power_tolerance_ratio"] * power, config["power_tolerance_watts"])
+    tolerance = max(config.params["power_tolerance_ratio"] * power, config.params["power_tolerance_watts"])
     # The peers of the same model (another model has other thermals) within the tolerance of this
     # GPU's power: a range of the model's GPUs sorted by power, this GPU included.
     powers, _ = window.memo("thermal_outlier", _peers_by_model)[state.identity.name]
@@ -224,12 +225,12 @@ def _thermal_outlier(window: Window, uuid: str, config: RuleConfig) -> Observati
     lo = bisect.bisect_left(powers, -tolerance, key=gap)
     hi = bisect.bisect_right(powers, tolerance, lo, key=gap)
     peers = hi - lo - 1
-    if peers < config["min_peers"] or peers < 1:
+    if peers < config.params["min_peers"] or peers < 1:
         return None  # nothing comparable to say
     median = _median_without(_sorted_temperatures(window, state.identity.name, lo, hi), temp)
     delta = temp - median
     return Observation(
-        delta >= config["delta_celsius"], delta, config["delta_celsius"],
+        delta >= config.params["delta_celsius"], delta, config.params["delta_celsius"],
         lambda: f"{gpu_label(window, uuid)} at {temp:.0f} °C, {delta:+.0f} °C from the median of {peers} peers "
                 f"drawing about the same power ({power:.0f} W)",
     )

@@ -20,19 +20,19 @@ def _power_brake(window: Window, uuid: str, config: RuleConfig) -> Observation |
     fast = window.fast(uuid)
     if fast is None:
         return None
-    span = config["window_seconds"]
+    span = config.params["window_seconds"]
     share = counter_share(window, uuid, _POWER_BRAKE, span)
     if share is None:
         share = sample_share(window, uuid, "power_brake", span)
     now = fast.clocks.clocks_event_active.get("hw_power_brake_slowdown", False)
-    active = now or (share is not None and share >= config["min_share"])
+    active = now or (share is not None and share >= config.params["min_share"])
 
     def summary() -> str:
         share_text = "" if share is None else f", {share * 100:.0f}% of the last {span:.0f} s"
         state = "active" if now else "not active now"
         return f"{gpu_label(window, uuid)} HW power brake {state}{share_text}{_clock_text(fast)}"
 
-    return Observation(active, share if share is not None else float(now), config["min_share"], summary)
+    return Observation(active, share if share is not None else float(now), config.params["min_share"], summary)
 
 
 def _clock_text(fast: FastSample) -> str:
@@ -44,11 +44,11 @@ def _hw_slowdown(window: Window, uuid: str, config: RuleConfig) -> Observation |
     fast = window.fast(uuid)
     if fast is None:
         return None
-    span = config["window_seconds"]
+    span = config.params["window_seconds"]
     share = sample_share(window, uuid, "hw_slowdown", span)
     if share is None:
         return None
-    return Observation(share >= config["min_share"], share, config["min_share"],
+    return Observation(share >= config.params["min_share"], share, config.params["min_share"],
                        lambda: f"{gpu_label(window, uuid)} HW slowdown (neither thermal nor power brake) in "
                                f"{share * 100:.0f}% of the polls of the last {span:.0f} s{_clock_text(fast)}")
 
@@ -57,7 +57,7 @@ def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation 
     fast = window.fast(uuid)
     if fast is None:
         return None
-    span = config["window_seconds"]
+    span = config.params["window_seconds"]
     share = sample_share(window, uuid, "sw_power_cap", span)
     if share is None:
         return None
@@ -71,7 +71,7 @@ def _power_capped(window: Window, uuid: str, config: RuleConfig) -> Observation 
         return (f"{gpu_label(window, uuid)} power-capped{draw}{cap} in {share * 100:.0f}% of the polls "
                 f"of the last {span:.0f} s")
 
-    return Observation(share >= config["min_share"], share, config["min_share"], summary)
+    return Observation(share >= config.params["min_share"], share, config.params["min_share"], summary)
 
 
 def _power_smoothing_worn(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
@@ -81,7 +81,7 @@ def _power_smoothing_worn(window: Window, uuid: str, config: RuleConfig) -> Obse
     left = slow.power.power_smoothing_lifetime_ratio
     if left is None:
         return None
-    limit = config["min_lifetime_ratio"]
+    limit = config.params["min_lifetime_ratio"]
     return Observation(left < limit, left, limit,
                        lambda: f"{gpu_label(window, uuid)} power-smoothing circuitry at {left * 100:.0f}% of its "
                                f"lifetime (warning below {limit * 100:.0f}%)")

@@ -95,7 +95,8 @@ class Window:
 
     def fast(self, uuid: str) -> FastSample | None:
         """The GPU's latest fast sample, if it is up and fresh."""
-        return self._fresh_samples().get(uuid)
+        fresh = self._fresh  # computed by for_rule: each rule asks this for each GPU
+        return (self._fresh_samples() if fresh is None else fresh).get(uuid)
 
     def fresh(self) -> list[tuple[str, FastSample]]:
         """(uuid, fresh fast sample) of every GPU of the node that has one, in snapshot order

@@ -37,7 +37,7 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
     if fast.mig:
         return _idle_mig_instances(window, uuid, config)
     history = window.history(uuid)
-    lo = history.index(window.since(config["window_seconds"]))
+    lo = history.index(window.since(config.params["window_seconds"]))
     values = _known(window.column(uuid, "activity")[lo:history.end])
     if not values:
         return None
@@ -45,7 +45,7 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
     measure = "SM active" if fast.gpm.sm_active_ratio is not None else "busy"
     memory = fast.memory.memory_used_bytes or 0
     host = window.host(uuid)
-    held = bool(state.workloads) or memory >= config["min_memory_bytes"] or bool(host and host.allocated)
+    held = bool(state.workloads) or memory >= config.params["min_memory_bytes"] or bool(host and host.allocated)
 
     def summary() -> str:
         holders = _holders(state.workloads, host)
@@ -56,7 +56,7 @@ def _allocated_idle(window: Window, uuid: str, config: RuleConfig) -> Observatio
         return (f"{gpu_label(window, uuid)} held by {holder} but at most {busiest:.0%} {measure} over the last "
                 f"{config['window_seconds']:.0f} s")
 
-    return Observation(held and busiest <= config["idle_ratio"], busiest, config["idle_ratio"], summary)
+    return Observation(held and busiest <= config.params["idle_ratio"], busiest, config.params["idle_ratio"], summary)
 
 
 def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observation | None:
@@ -75,10 +75,10 @@ def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observ
             held.setdefault(p.gpu_instance, []).append(f"pod {p.namespace}/{p.pod}")
     fast = window.fast(uuid)
     for r in fast.mig if fast is not None else ():  # memory in use holds an instance too, as on a whole GPU
-        if r.gpu_instance not in held and (r.memory_used_bytes or 0) >= config["min_memory_bytes"]:
+        if r.gpu_instance not in held and (r.memory_used_bytes or 0) >= config.params["min_memory_bytes"]:
             held[r.gpu_instance] = [f"{(r.memory_used_bytes or 0) / 2**30:.1f} GiB in use"]
     history = window.history(uuid)
-    lo = history.index(window.since(config["window_seconds"]))
+    lo = history.index(window.since(config.params["window_seconds"]))
     busiest: dict[int, float] = {}
     for sample in history.samples[lo:history.end]:
         for r in sample.mig:
@@ -86,7 +86,7 @@ def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observ
                 busiest[r.gpu_instance] = max(busiest.get(r.gpu_instance, 0.0), r.sm_active_ratio)
     if not busiest:
         return None
-    idle = sorted(gi for gi in held if gi in busiest and busiest[gi] <= config["idle_ratio"])
+    idle = sorted(gi for gi in held if gi in busiest and busiest[gi] <= config.params["idle_ratio"])
     top = max((busiest[gi] for gi in idle), default=max(busiest.values()))
 
     def summary() -> str:
@@ -96,7 +96,7 @@ def _idle_mig_instances(window: Window, uuid: str, config: RuleConfig) -> Observ
                           "SM active" for gi in idle)
         return f"{gpu_label(window, uuid)} {parts} over the last {config['window_seconds']:.0f} s"
 
-    return Observation(bool(idle), top, config["idle_ratio"], summary)
+    return Observation(bool(idle), top, config.params["idle_ratio"], summary)
 
 
 def _holders(workloads: tuple[ProcessInfo, ...], host: GpuHost | None) -> str:
@@ -136,20 +136,20 @@ def _input_bound(window: Window, uuid: str, config: RuleConfig) -> Observation |
         return None
     held = _held_jobs(window, uuid)
     if not held:
-        return Observation(False, None, config["busy_ratio"])
+        return Observation(False, None, config.params["busy_ratio"])
     usage = window.jobs()
     known = [(key, usage[key]) for key in held if key in usage and usage[key].cpu_busy_ratio is not None]
     if not known:
         return None  # the jobs group has not read the job twice yet (or is off): cannot tell
     history = window.history(uuid)
-    lo = history.index(window.since(config["window_seconds"]))
+    lo = history.index(window.since(config.params["window_seconds"]))
     values = _known(window.column(uuid, "activity")[lo:history.end])
     if not values:
         return None
     mean = sum(values) / len(values)
-    working = config["idle_ratio"] < mean < config["busy_ratio"]  # idle is allocated_idle's; busy is fine
-    starved = [(key, job) for key, job in known if (job.cpu_busy_ratio or 0.0) >= config["cpu_ratio"]
-               or (job.iowait_ratio or 0.0) >= config["iowait_ratio"]]
+    working = config.params["idle_ratio"] < mean < config.params["busy_ratio"]  # idle is allocated_idle's; busy is fine
+    starved = [(key, job) for key, job in known if (job.cpu_busy_ratio or 0.0) >= config.params["cpu_ratio"]
+               or (job.iowait_ratio or 0.0) >= config.params["iowait_ratio"]]
     measure = "SM active" if fast.gpm.sm_active_ratio is not None else "busy"
 
     def summary() -> str:
@@ -158,7 +158,7 @@ def _input_bound(window: Window, uuid: str, config: RuleConfig) -> Observation |
         causes = []
         for (scheduler, job_id), job in starved:
             name = f"{_KIND.get(scheduler, scheduler)} {job_id}"
-            if (job.cpu_busy_ratio or 0.0) >= config["cpu_ratio"]:
+            if (job.cpu_busy_ratio or 0.0) >= config.params["cpu_ratio"]:
                 cpus = f" of its {job.cpus:g} CPUs" if job.cpus else ""
                 causes.append(f"{name}'s {job.processes} processes keep {job.cpu_busy_ratio:.0%}{cpus} busy (CPU-bound "
                               "input pipeline)")
@@ -168,7 +168,7 @@ def _input_bound(window: Window, uuid: str, config: RuleConfig) -> Observation |
         return (f"{gpu_label(window, uuid)} only {mean:.0%} {measure} on average over the last "
                 f"{config['window_seconds']:.0f} s while {'; '.join(causes)}")
 
-    return Observation(working and bool(starved), mean, config["busy_ratio"], summary)
+    return Observation(working and bool(starved), mean, config.params["busy_ratio"], summary)
 
 
 def _activity(sample: FastSample) -> float | None:
