@@ -27,6 +27,23 @@ _ARCHITECTURES = {
 _NO_SHARES: Mapping[str, float] = {}
 
 
+def _layout(kind: type[Any]) -> tuple[dict[str, int], tuple[Any, ...]]:
+    """A sample type's field -> position, and its fields' defaults in order; its last two fields must be
+    ``errors`` and ``collected`` (what _read sets last), every field a plain default (shared: immutable)."""
+    fields = dataclasses.fields(kind)
+    names = [f.name for f in fields]
+    if names[-2:] != ["errors", "collected"] or any(f.default is dataclasses.MISSING for f in fields):
+        raise TypeError(f"{kind.__name__}: the NVML backend builds it positionally from plain defaults, "
+                        "errors and collected last")
+    return {name: i for i, name in enumerate(names)}, tuple(f.default for f in fields)
+
+
+_FIELD_INDEX: dict[type[Any], dict[str, int]] = {}
+_DEFAULTS: dict[type[Any], tuple[Any, ...]] = {}
+for _kind in (FastSample, SlowSample):
+    _FIELD_INDEX[_kind], _DEFAULTS[_kind] = _layout(_kind)
+
+
 @dataclass
 class _Gpu:
     """A GPU's handle and what its enabled groups probed at discovery."""
@@ -35,8 +52,9 @@ class _Gpu:
     identity: GpuIdentity
     features: dict[str, bool] = field(default_factory=dict)
     batches: dict[str, Batch] = field(default_factory=dict)  # tier -> its field-values call
-    # tier -> (group, attribute, the reader's bound read_fast/read_slow, the group's share of the batch's time)
-    reads: dict[str, tuple[tuple[str, str, Callable[[Any], Any], float], ...]] = field(default_factory=dict)
+    # tier -> (group, its attribute's position in the tier's sample, the reader's bound read_fast/read_slow, the
+    # group's share of the batch's time)
+    reads: dict[str, tuple[tuple[str, int, Callable[[Any], Any], float], ...]] = field(default_factory=dict)
     # the NVML events its groups asked for: (event type mask, the feature a refused registration turns off, the
     # handler of a stateful call or None: delivered by wait_events); what could not be registered is dropped
     events: tuple[tuple[int, str | None, Callable[[str], None] | None], ...] = ()
@@ -232,10 +250,10 @@ class NvmlBackend:
         gpu.batches = {tier: Batch(owners) for tier, owners in dev.used.items() if owners}
         shares = {tier: batch.shares for tier, batch in gpu.batches.items()}
         gpu.reads = {
-            "fast": tuple((name, attr, reader.read_fast, shares.get("fast", _NO_SHARES).get(name, 0.0))
-                          for name, attr, reader in fast),
-            "slow": tuple((name, attr, reader.read_slow, shares.get("slow", _NO_SHARES).get(name, 0.0))
-                          for name, attr, reader in slow)}
+            "fast": tuple((name, _FIELD_INDEX[FastSample][attr], reader.read_fast,
+                           shares.get("fast", _NO_SHARES).get(name, 0.0)) for name, attr, reader in fast),
+            "slow": tuple((name, _FIELD_INDEX[SlowSample][attr], reader.read_slow,
+                           shares.get("slow", _NO_SHARES).get(name, 0.0)) for name, attr, reader in slow)}
 
     def _probe_fields(self, handle: Any) -> dict[int, int | None]:
         """The enabled groups' field ids this GPU answers (one call), with the value type each answered in."""
@@ -282,7 +300,9 @@ class NvmlBackend:
             raise BackendUnavailable("uninitialized", "NVML backend is not initialised",
                                      "gpuwatch re-initialises it by itself") from None
 
-    def _read(self, uuid: str, tier: str) -> tuple[dict[str, Any], list[str], tuple[tuple[str, float, bool], ...]]:
+    def _read(self, uuid: str, tier: str, kind: type[Any]) -> Any:
+        """The tier's sample of the GPU (``kind``: FastSample or SlowSample), built positionally from its
+        defaults (the groups that are not read keep theirs): it is built for every GPU at every poll."""
         gpu = self._device(uuid)
         if gpu.lost_while_probing:
             raise DeviceLost(uuid, "NVML: GPU is lost (it was lost while gpuwatch probed it at discovery)")
@@ -295,14 +315,14 @@ class NvmlBackend:
             q.load(batch, gpu.handle)
             now = clock()
             batch_seconds, started = now - started, now
-        readings: dict[str, Any] = {}
+        values = list(_DEFAULTS[kind])
         collected = []
         errors, field_errors = q.errors, q.field_errors
         # each group's time runs from the previous group's end (one clock read per group), plus its share of the batch
-        for name, attr, read, share in gpu.reads.get(tier, ()):
+        for name, index, read, share in gpu.reads.get(tier, ()):
             before = len(errors)
             try:
-                readings[attr] = read(q)
+                values[index] = read(q)
             except (DeviceLost, BackendUnavailable):
                 raise
             except Exception as exc:  # a bug, or an answer the group did not expect: that group, that GPU only
@@ -312,7 +332,8 @@ class NvmlBackend:
             collected.append((name, now - started + batch_seconds * share,
                               len(errors) == before and not field_errors.get(name)))
             started = now
-        return readings, errors, tuple(collected)
+        values[-2], values[-1] = tuple(errors), tuple(collected)  # the samples' last fields: errors, collected
+        return kind(*values)
 
     def _group_failed(self, uuid: str, group: str, exc: Exception) -> None:
         """Log a group's read that raised, once per GPU and group (a value it cannot take repeats every poll)."""
@@ -325,12 +346,10 @@ class NvmlBackend:
                  "group's reading on this GPU is left out (gpuwatch_collector_success 0), everything else goes on")
 
     def read_fast(self, uuid: str) -> FastSample:
-        readings, errors, collected = self._read(uuid, "fast")
-        return FastSample(**readings, errors=tuple(errors), collected=collected)
+        return self._read(uuid, "fast", FastSample)
 
     def read_slow(self, uuid: str) -> SlowSample:
-        readings, errors, collected = self._read(uuid, "slow")
-        return SlowSample(**readings, errors=tuple(errors), collected=collected)
+        return self._read(uuid, "slow", SlowSample)
 
     # -- events ---------------------------------------------------------------------------------
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
