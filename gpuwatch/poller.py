@@ -222,6 +222,7 @@ class Poller:
         read = self._backend.read_fast if tier == "fast" else self._backend.read_slow
         # group -> [seconds, every GPU read it without an error] (gpuwatch_collector_*)
         stats: dict[str, list[Any]] = {name: [0.0, True] for name in self._tier_groups[tier]}
+        narrow = None if self._selection.everything else self._selection.narrow
         for identity in self._store.visible_identities():  # in index order
             uuid = identity.uuid
             try:
@@ -250,13 +251,16 @@ class Poller:
             if uuid in self._lost:
                 self._lost.discard(uuid)
                 self._log.info("gpu_recovered", uuid=uuid, gpu=self._index(uuid))
-            sample = self._selection.narrow(sample)  # a backend that reads every group (not NVML)
-            errors.extend(sample.errors)
+            if narrow is not None:
+                sample = narrow(sample)  # a backend that reads every group (not NVML)
+            if sample.errors:
+                errors.extend(sample.errors)
             for name, seconds, ok in sample.collected:
                 entry = stats.get(name)
                 if entry is not None:
                     entry[0] += seconds
-                    entry[1] = entry[1] and ok
+                    if not ok:
+                        entry[1] = False
             if isinstance(sample, SlowSample):
                 attributed = time.perf_counter()
                 workloads = self._workloads(identity, sample)

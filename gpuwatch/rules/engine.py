@@ -234,6 +234,7 @@ class Engine:
         self._targets: dict[str, list[int] | None] = {}
         self._onsets: dict[str, int] = {}  # rule id -> onsets on any GPU or the node
         self._errors: dict[str, int] = {}  # rule id -> evaluations that raised
+        self._counted: tuple[dict[str, int], dict[str, int]] | None = None  # counters(), until one changes
         self._failed_logged: set[tuple[str, str | None]] = set()
         # rule id -> (when, the plan's targets, the anomalies) of its last evaluation, for the rules
         # with ``every``: until ``every`` has passed, the same targets get the same anomalies
@@ -268,14 +269,20 @@ class Engine:
         slow_seconds = check_lookback(self._rules, configs, self._window_seconds)
         with self._lock:
             self._configs, self._slow_seconds = configs, slow_seconds
+            self._counted = None
             self._fast_seconds = self._history_seconds(configs)
             self._kept.clear()
 
     def counters(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(onsets, evaluation errors) per enabled rule, over every GPU and the node; 0 until the first."""
+        """(onsets, evaluation errors) per enabled rule, over every GPU and the node; 0 until the first.
+        The same two dicts until an onset, an error or a new configuration changes them (each run asks)."""
         with self._lock:
-            enabled = [rule.id for rule in self._rules if self._configs[rule.id].enabled]
-            return ({r: self._onsets.get(r, 0) for r in enabled}, {r: self._errors.get(r, 0) for r in enabled})
+            counted = self._counted
+            if counted is None:
+                enabled = [rule.id for rule in self._rules if self._configs[rule.id].enabled]
+                counted = self._counted = ({r: self._onsets.get(r, 0) for r in enabled},
+                                           {r: self._errors.get(r, 0) for r in enabled})
+            return counted
 
     def _remember(self, gpus: Sequence[GpuState], taken: float, visible: int) -> None:
         fast_horizon = taken - self._fast_seconds
@@ -398,6 +405,7 @@ class Engine:
         """Count the failure; log it once per (rule, GPU). The caller then observes nothing (None): the
         rule's state on that GPU stays as it was (or, for a summary, the anomaly goes on with a placeholder)."""
         self._errors[rule.id] = self._errors.get(rule.id, 0) + 1
+        self._counted = None
         if (rule.id, uuid) not in self._failed_logged:
             self._failed_logged.add((rule.id, uuid))
             self._log.error("rule_failed", rule=rule.id, gpu=gpu, uuid=uuid, error=f"{type(exc).__name__}: {exc}",
@@ -462,6 +470,7 @@ class Engine:
                 track.state, track.since_wall = "firing", wall
                 track.onsets += 1
                 self._onsets[rule.id] = self._onsets.get(rule.id, 0) + 1
+                self._counted = None
                 self._transition("anomaly_started", rule, config, uuid, gpu, track.last)
             elif state == "clearing" and now - track.since >= config.clear_seconds:
                 track.state, track.since_wall = "quiet", None
