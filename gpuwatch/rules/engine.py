@@ -390,7 +390,10 @@ class Engine:
                     # (shown of a state that does not fire: since_wall None, onsets current). _step's way, inline.
                     track = tracks.get(uuid)
                     if track is not None and track.state == "quiet":
-                        track.last = obs
+                        # a quiet track shows no observation (nothing reads its last): keep none, so that this
+                        # one is freed now, while its memory is warm, and none of a run 4 s ago is freed cold
+                        if track.last is not None:
+                            track.last = None
                         shown = track.shown
                         if shown is not None and not shown[2] and shown[0] == severity and shown[1] == labels[i]:
                             append(track.anomaly)  # type: ignore[arg-type]  # set with shown
