@@ -23,7 +23,8 @@ from gpuwatch.groups import Selection
 from gpuwatch.model import NodeInfo
 from gpuwatch.poller import Poller
 from gpuwatch.rules import all_rules
-from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.rules.engine import Engine
+from gpuwatch.rules.settings import build_configs
 from gpuwatch.store import Store
 from gpuwatch.web import App, HttpServers
 

@@ -9,7 +9,8 @@ from gpuwatch.errors import ConfigError
 from gpuwatch.model import DiscoveredGpu, GpuState, NodeSnapshot, Observation, SlowSample
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.base import GpuRule, needs
-from gpuwatch.rules.engine import Engine, build_configs, check_lookback
+from gpuwatch.rules.engine import Engine
+from gpuwatch.rules.settings import build_configs, check_lookback
 from gpuwatch.store import Store
 from gpuwatch.testing import H200_FEATURES, FakeClock, fast_sample, identity, slow_sample
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from gpuwatch import config
 from gpuwatch.rules import all_rules
-from gpuwatch.rules.engine import build_configs
+from gpuwatch.rules.settings import build_configs
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "gpuwatch.example.yml"
 

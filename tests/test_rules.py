@@ -25,8 +25,9 @@ from gpuwatch.model import (
 )
 from gpuwatch.rules import all_rules
 from gpuwatch.rules.base import GpuRule, NodeRule, Rule, UndeclaredSeries, Window, needs
-from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.rules.engine import Engine
 from gpuwatch.rules.health import CRITICAL_XIDS
+from gpuwatch.rules.settings import build_configs
 from gpuwatch.rules.thermal import project_seconds_to
 from gpuwatch.testing import H200_FEATURES, fan, fast_sample, identity, slow_sample
 

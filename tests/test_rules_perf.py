@@ -29,8 +29,9 @@ from gpuwatch.rules import all_rules, common, thermal
 from gpuwatch.rules import history as rules_history
 from gpuwatch.rules.base import History, Window
 from gpuwatch.rules.common import counter_share, sample_share
-from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.rules.engine import Engine
 from gpuwatch.rules.health import _sample_near
+from gpuwatch.rules.settings import build_configs
 from gpuwatch.rules.thermal import THERMAL_COUNTERS, THERMAL_REASONS
 from gpuwatch.testing import H200_FEATURES, fast_sample, identity, slow_sample
 from gpuwatch.trace import encode_fast

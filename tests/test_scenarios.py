@@ -30,7 +30,8 @@ from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.model import NodeInfo
 from gpuwatch.poller import RULES_EVERY_SECONDS, Poller
 from gpuwatch.rules import all_rules
-from gpuwatch.rules.engine import Engine, build_configs
+from gpuwatch.rules.engine import Engine
+from gpuwatch.rules.settings import build_configs
 from gpuwatch.store import Store
 from gpuwatch.testing import Harness
 
