@@ -43,13 +43,15 @@ _NOTHING = Observation(False)
 
 
 
-def _kept(kind: Any, table: Iterable[tuple[str, Callable[[Any], Any] | None]], sample: Any, previous: Any) -> Any:
+def _kept(kind: Any, table: Sequence[tuple[str, Callable[[Any], Any] | None]], sample: Any, previous: Any,
+          whole: bool = False) -> Any:
     """``sample`` as the history keeps it: the readings ``table`` names, each through its ``keep`` (None: as
     it is), and each shared with the previous kept sample's when equal (an idle GPU's utilization, throttle
     counters and health counters stay put from poll to poll); readings not named stay at their defaults.
     Where every reading equals the previous kept sample's, that sample itself (a steady GPU's history holds
-    one object many times: the samples are immutable)."""
-    values = {}
+    one object many times: the samples are immutable). ``whole``: ``table`` names every field of ``kind`` in
+    order, and the copy is built positionally (the fast samples': every GPU at every poll)."""
+    values = []
     same = previous is not None
     for name, keep in table:
         value = getattr(sample, name)
@@ -61,8 +63,10 @@ def _kept(kind: Any, table: Iterable[tuple[str, Callable[[Any], Any] | None]], s
                 value = before
             else:
                 same = False
-        values[name] = value
-    return previous if same else kind(**values)
+        values.append(value)
+    if same:
+        return previous
+    return kind(*values) if whole else kind(**{name: value for (name, _), value in zip(table, values)})
 
 
 def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
@@ -71,22 +75,8 @@ def _for_history(sample: FastSample, previous: FastSample | None) -> FastSample:
 
     Rules read clocks, memory, energy and P-state from the latest sample only (``Window.fast``, always
     complete); dropping them from the copies kept for the look-back saves about a third of the history's
-    memory (docs/performance.md). ``_kept``'s way for a table of every field (FAST_HISTORY), built
-    positionally: it runs for every GPU at every poll."""
-    values = []
-    same = previous is not None
-    for name, keep in FAST_HISTORY:
-        value = getattr(sample, name)
-        if keep is not None:
-            value = keep(value)
-        if previous is not None:
-            before = getattr(previous, name)
-            if before is value or before == value:
-                value = before
-            else:
-                same = False
-        values.append(value)
-    return previous if same else FastSample(*values)  # type: ignore[return-value]  # same: previous is set
+    memory (docs/performance.md)."""
+    return _kept(FastSample, FAST_HISTORY, sample, previous, whole=True)
 
 
 # The slow readings the rules look back at (Window.slow_derive: PCIe replays, NVLink error counters); the
