@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -192,6 +193,25 @@ class Exporter:
         self.log.close()
 
 
+def change(node: fakenvml.FakeNode, rng: Any, period: float) -> None:
+    """One step of a busy node's readings (Changer; bench/instr.py's --changing): power, temperatures,
+    utilization, graphics/SM clocks and memory in use new, energy accumulated over ``period`` seconds."""
+    for gpu in node.gpus:
+        watts = rng.uniform(300.0, 690.0)
+        gpu.power_mw = int(watts * 1000)
+        gpu.energy_mj = (gpu.energy_mj or 0) + int(watts * 1000 * period)
+        gpu.temperature = rng.randint(55, 75)
+        if gpu.memory_temperature is not None:
+            gpu.memory_temperature = rng.randint(50, 70)
+        if gpu.margin_temperature is not None:
+            gpu.margin_temperature = 87 - gpu.temperature
+        gpu.utilization = (rng.randint(60, 100), rng.randint(20, 80))
+        mhz = rng.randrange(1500, 1981, 15)
+        gpu.clocks = [mhz, mhz, *gpu.clocks[2:]]
+        gpu.memory_used = rng.randrange(60, 130) * 2**30
+        gpu.pstate = 0
+
+
 class Changer:
     """Rewrites the fake node's state every ``period`` seconds with readings that move the way a busy
     GPU's do: power, temperatures, utilization, graphics/SM clocks and memory in use change at every
@@ -209,22 +229,8 @@ class Changer:
         self.thread.start()
 
     def _run(self) -> None:
-        rng = self.rng
         while not self.stop.wait(self.period):
-            for gpu in self.node.gpus:
-                watts = rng.uniform(300.0, 690.0)
-                gpu.power_mw = int(watts * 1000)
-                gpu.energy_mj = (gpu.energy_mj or 0) + int(watts * 1000 * self.period)
-                gpu.temperature = rng.randint(55, 75)
-                if gpu.memory_temperature is not None:
-                    gpu.memory_temperature = rng.randint(50, 70)
-                if gpu.margin_temperature is not None:
-                    gpu.margin_temperature = 87 - gpu.temperature
-                gpu.utilization = (rng.randint(60, 100), rng.randint(20, 80))
-                mhz = rng.randrange(1500, 1981, 15)
-                gpu.clocks = [mhz, mhz, *gpu.clocks[2:]]
-                gpu.memory_used = rng.randrange(60, 130) * 2**30
-                gpu.pstate = 0
+            change(self.node, self.rng, self.period)
             self.fx.write(self.node)
 
     def close(self) -> None:

@@ -46,28 +46,11 @@ SWEEP_BYTES = 32 * 2**20
 EVENTS = ("Ir", "I1mr", "ILmr", "Dr", "D1mr", "DLmr", "Dw", "D1mw", "DLmw")
 
 
-def change(node: fakenvml.FakeNode, rng: random.Random, period: float) -> None:
-    """bench.py's Changer, one step."""
-    for gpu in node.gpus:
-        watts = rng.uniform(300.0, 690.0)
-        gpu.power_mw = int(watts * 1000)
-        gpu.energy_mj = (gpu.energy_mj or 0) + int(watts * 1000 * period)
-        gpu.temperature = rng.randint(55, 75)
-        if gpu.memory_temperature is not None:
-            gpu.memory_temperature = rng.randint(50, 70)
-        if gpu.margin_temperature is not None:
-            gpu.margin_temperature = 87 - gpu.temperature
-        gpu.utilization = (rng.randint(60, 100), rng.randint(20, 80))
-        mhz = rng.randrange(1500, 1981, 15)
-        gpu.clocks = [mhz, mhz, *gpu.clocks[2:]]
-        gpu.memory_used = rng.randrange(60, 130) * 2**30
-        gpu.pstate = 0
-
-
 PARTS = ("slow", "host", "fast", "rules", "scrape")
 
 
 def child(args: argparse.Namespace) -> None:
+    import bench  # bench.change: its Changer's step (imported in the set-up, outside the measured cycles)
     from gpuwatch import logs
     from gpuwatch.agent import Agent
     from gpuwatch.cli.run import _tune_gc
@@ -105,7 +88,7 @@ def child(args: argparse.Namespace) -> None:
     def cycle(i: int) -> None:
         clock.advance(config.poll_interval)
         if args.changing:
-            change(node, rng, config.poll_interval)
+            bench.change(node, rng, config.poll_interval)
             fx.write(node)
         if not args.warm:
             sweep[::64] = zeros  # every line written: the caches hold the sweep's lines
