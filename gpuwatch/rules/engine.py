@@ -289,10 +289,8 @@ class Engine:
                     # (shown of a state that does not fire: since_wall None, onsets current). _step's way, inline.
                     track = tracks.get(uuid)
                     if track is not None and track.state == "quiet":
-                        # a quiet track shows no observation (nothing reads its last): keep none, so that this
-                        # one is freed now, while its memory is warm, and none of a run 4 s ago is freed cold
-                        if track.last is not None:
-                            track.last = None
+                        # a quiet track keeps no observation (_step's rule): this one is freed now, while its
+                        # memory is warm, not a run later from cold memory
                         shown = track.shown
                         if shown is not None and not shown[2] and shown[0] == severity and shown[1] == labels[i]:
                             append(track.anomaly)  # type: ignore[arg-type]  # set with shown
@@ -377,6 +375,8 @@ class Engine:
             elif state == "clearing" and now - track.since >= config.clear_seconds:
                 track.state, track.since_wall = "quiet", None
                 self._transition("anomaly_resolved", rule, config, uuid, gpu, obs)
+            if track.state == "quiet":
+                track.last = None  # a quiet track shows no observation: keep none (as the engine's loop does)
         # A firing anomaly shows its latest reading (value, threshold, summary); a quiet or pending
         # one shows none (like Prometheus' ALERTS, nothing reads it), so it is the same object from
         # one evaluation to the next and its summary is never formatted.
