@@ -469,6 +469,44 @@ def test_xid_event_delivered_once(tmp_path, child_factory):
     assert (r["data"], r["gpu"], r["then"]) == (48, 0, "NVMLError_Timeout")
 
 
+def test_event_wait_sleeps_until_the_state_file_changes(tmp_path, child_factory):
+    """A wait with nothing queued sleeps as a real driver's does (it polled the state file every 10 ms: 100
+    wake-ups a second, which a benchmark of the daemon then took off as the library's CPU), and wakes for a
+    change of the state file, written in place as well as replaced."""
+    node = FakeNode.l40s(count=1)
+    fx = prepare(tmp_path, node)
+    child = child_factory(
+        fx,
+        """
+        import resource
+        N.nvmlInit()
+        es = N.nvmlEventSetCreate()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        idle = call(N.nvmlEventSetWait_v2, es, 1000)
+        switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        out({"idle": idle, "switches": switches})
+        wait_parent()
+        d = call(N.nvmlEventSetWait_v2, es, 60000)  # the parent writes the file in place: a timeout would raise
+        out({"data": d.eventData})
+        N.nvmlEventSetFree(es)
+        """,
+    )
+    try:
+        r = child.read()
+        assert r["idle"] == "NVMLError_Timeout"
+        assert r["switches"] <= 30, r  # at most one wake-up per 100 ms, and a few more
+        child.go()
+        node.add_xid(gpu=0, xid=79)
+        fx.state_path.write_text(node.render())  # in place, not by a rename
+        r = child.read()
+        child.finish()
+    finally:
+        child.kill()
+    assert r["data"] == 79
+
+
 def test_blocked_call_really_blocks(tmp_path, child_factory):
     """A blocked call holds its thread until the block is lifted; meanwhile the same call on another GPU
     and other calls on the same GPU (other threads) answer. A timed block ends by itself."""

@@ -136,8 +136,9 @@
  * symbol -> per-GPU "*" error -> global error for the symbol -> global "*"
  * -> the reading itself (absent key = 3).
  *
- * Events: nvmlEventSetWait_v2 waits up to timeoutms (polling the state file)
- * for a queued XID on a device registered for nvmlEventTypeXidCriticalError
+ * Events: nvmlEventSetWait_v2 waits up to timeoutms (asleep until the state
+ * file changes, as a real driver sleeps in the kernel until an event comes:
+ * see wait_for_state) for a queued XID on a device registered for nvmlEventTypeXidCriticalError
  * (0x8) in that set, and delivers each XID once per event set (eventType 0x8,
  * eventData = xid, device = that GPU's handle, instance ids 0xFFFFFFFF).
  * Otherwise it returns NVML_ERROR_TIMEOUT (10).
@@ -153,6 +154,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -2065,6 +2068,63 @@ static int next_event(struct fake_evset *set, nvmlEventData_t *data)
     return 1;
 }
 
+/* An inotify descriptor watching the state file's directory (the file is replaced by a rename, so the
+ * directory is what sees it), or -1: inotify refused, or no state file; ``name`` gets the file's name in
+ * that directory. Made with g_mu held. */
+static int watch_state(char *name, size_t size)
+{
+    if (!g_state_path)
+        return -1;
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(g_state_path, '/');
+    const char *base = slash ? slash + 1 : g_state_path;
+    size_t n = !slash ? 1 : slash == g_state_path ? 1 : (size_t)(slash - g_state_path); /* ".", "/" or the path */
+    if (n < sizeof dir) {
+        memcpy(dir, slash ? g_state_path : ".", n);
+        dir[n] = 0;
+    }
+    if (n >= sizeof dir || strlen(base) >= size ||
+        inotify_add_watch(fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MODIFY | IN_CREATE) < 0) {
+        close(fd);
+        return -1;
+    }
+    strcpy(name, base);
+    return fd;
+}
+
+/* Sleep until the state file changes (1: an inotify event named it) or ``ns`` pass (0). Without a watch
+ * (fd < 0) it sleeps 10 ms, the library's old poll. With one it wakes at the latest every
+ * EVENT_RECHECK_NS even so: nvmlShutdown from another thread, a file system whose changes inotify does
+ * not see. Called without g_mu. */
+#define EVENT_RECHECK_NS 100000000LL
+static int wait_for_state(int fd, const char *name, long long ns)
+{
+    if (fd < 0) {
+        sleep_ns(ns < 10000000LL ? ns : 10000000LL);
+        return 0;
+    }
+    if (ns > EVENT_RECHECK_NS)
+        ns = EVENT_RECHECK_NS;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, (int)((ns + 999999) / 1000000)) <= 0)
+        return 0;
+    int named = 0;
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    ssize_t len;
+    while ((len = read(fd, buf, sizeof buf)) > 0) {
+        for (char *at = buf; at < buf + len;) {
+            const struct inotify_event *ev = (const struct inotify_event *)at;
+            if (ev->len && strcmp(ev->name, name) == 0)
+                named = 1;
+            at += sizeof *ev + ev->len;
+        }
+    }
+    return named;
+}
+
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     nvmlReturn_t r = sys_begin(SYM_nvmlEventSetWait_v2);
@@ -2072,19 +2132,36 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         return r;
     NEED(set && set->magic == EVSET_MAGIC && data);
     long long deadline = mono_ns() + (long long)timeoutms * 1000000LL;
+    int fd = -1, watching = 0;
+    char name[NAME_MAX + 1];
     for (;;) {
-        if (g_init_count <= 0 || !g_state)
-            END(NVML_ERROR_UNINITIALIZED);
-        if (next_event(set, data))
-            END(NVML_SUCCESS);
+        if (g_init_count <= 0 || !g_state) {
+            r = NVML_ERROR_UNINITIALIZED;
+            break;
+        }
+        if (next_event(set, data)) {
+            r = NVML_SUCCESS;
+            break;
+        }
         long long left = deadline - mono_ns();
-        if (left <= 0)
-            END(NVML_ERROR_TIMEOUT);
+        if (left <= 0) {
+            r = NVML_ERROR_TIMEOUT;
+            break;
+        }
+        if (!watching) { /* watched before the state is looked at again: no change falls between the two */
+            watching = 1;
+            fd = watch_state(name, sizeof name);
+            maybe_reload(1);
+            continue;
+        }
         pthread_mutex_unlock(&g_mu);
-        sleep_ns(left < 10000000LL ? left : 10000000LL);
+        int changed = wait_for_state(fd, name, left);
         pthread_mutex_lock(&g_mu);
-        maybe_reload(0);
+        maybe_reload(changed);
     }
+    if (fd >= 0)
+        close(fd);
+    END(r);
 }
 
 nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
