@@ -148,13 +148,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <poll.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
