@@ -159,6 +159,28 @@ def test_stale_socket_is_unavailable(sock, client):
         assert client.list_devices() == EXPECTED
 
 
+def test_a_kubelet_back_is_found_whatever_connection_failed_before(sock, client):
+    """gRPC shares a connection between channels to one address: a fresh channel made after a failed call could
+    take over the failed connection, in its reconnect backoff (up to 2 minutes), and answer "connection refused"
+    while the kubelet listens again (the previous test failed so now and then on a loaded machine: the closed
+    channel's connection was still there). Here another channel to the socket holds a failed connection for
+    certain; the client's next read still finds the kubelet at once."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(sock)
+    s.close()
+    # the client's own options (a connection is shared between channels of equal arguments)
+    other = grpc.insecure_channel(f"unix:{sock}", options=[("grpc.max_receive_message_length", kubelet.MAX_MESSAGE_BYTES),
+                                                           ("grpc.enable_http_proxy", 0)])
+    try:
+        with pytest.raises(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(other).result(timeout=0.5)  # tries and fails: the connection is in backoff
+        assert reason_of(client).reason == "unavailable"
+        with FakeKubelet(sock, PODS):
+            assert client.list_devices() == EXPECTED
+    finally:
+        other.close()
+
+
 def test_unavailable_then_recovers(fake, client):
     assert client.list_devices() == EXPECTED
     fake.fail_next(grpc.StatusCode.UNAVAILABLE, details="kubelet restarting")

@@ -194,6 +194,11 @@ class PodResourcesClient:
                     options=[
                         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                         ("grpc.enable_http_proxy", 0),  # never send a local socket's traffic to an http_proxy
+                        # a channel of its own connection: gRPC shares connections between channels to one address
+                        # by default, and a fresh channel made after a failed call (the kubelet restarting) could
+                        # take over the failed one, in its reconnect backoff (up to 2 minutes), and answer
+                        # "connection refused" though the kubelet listens again
+                        ("grpc.use_local_subchannel_pool", 1),
                     ],
                 )
                 self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
