@@ -47,6 +47,24 @@ def test_put_fast_carries_every_field_it_does_not_set_whatever_fields_gpustate_h
         assert getattr(new, name) is set_here.get(name, marker), name
 
 
+def test_poll_started_carries_every_field_it_does_not_set_whatever_fields_tierstate_has():
+    """poll_started builds the tier's new TierState field by field (every poll): every field but the start of
+    the poll in flight, present and future, keeps its value."""
+    from gpuwatch.model import TierState
+
+    clock = FakeClock()
+    store = Store(clock, "scripted")
+    markers = {f.name: object() for f in dataclasses.fields(TierState)}
+    store._tiers["fast"] = TierState(**markers)
+    clock.advance(5.0)
+    store.poll_started("fast")
+    new = store._tiers["fast"]
+    assert new.in_flight_since == clock.monotonic()
+    for name, marker in markers.items():
+        if name != "in_flight_since":
+            assert getattr(new, name) is marker, name
+
+
 def test_visible_identities_and_states_follow_the_discoveries_in_index_order():
     """What a poll reads and what the rules' history takes come without a snapshot: the GPUs of the last
     discovery in index order (a discovery lists them in any order), a GPU gone from a discovery left out
