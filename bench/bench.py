@@ -4,12 +4,15 @@
     .venv/bin/python bench/bench.py --quick    # the same, shorter windows (~35 min)
     .venv/bin/python bench/bench.py --gpus 8 --nodes pcie --only gpuwatch
     .venv/bin/python bench/bench.py --gpus 8 --cadence 2 --window 150   # one cadence, longer windows
+    .venv/bin/python bench/bench.py --paired ...   # both exporters at once, their CPU in the same windows
 
 Each exporter is installed by the benchmark into a virtual environment of its own under bench/out/
 (gpuwatch from this working tree with `pip install .`, runtime dependencies only, as a user gets it;
 nvitop-exporter from PyPI), never into the project's. Both run as real processes over the fake
 libnvidia-ml.so.1 of tests/fakenvml with the same node (an HGX H200 node, then a PCIe L40S node), one
-after the other, and are measured the same way:
+after the other (``--paired``: at once, each over a fake node of its own, so that the CPU windows whose ratio
+is the target are the same seconds of the VM, whose neighbours move either exporter's figure by a fifth from
+one window to the next), and are measured the same way:
 
 - CPU per GPU per poll: the process's utime + stime over the measuring window (the figure /proc/PID/stat
   gives, read in nanoseconds through the process's CPU clock rather than in its 10 ms ticks; the ticks are
@@ -51,6 +54,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -336,33 +340,52 @@ def scrape_latency(exp: Exporter, quick: bool) -> dict:
             "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))}
 
 
-def measure(name: str, python: dict[str, Path], gpus: int, quick: bool, workdir: Path, kind: str = "hgx",
-            cadences: tuple[tuple[float, float], ...] = CADENCES, window_s: float | None = None) -> dict:
-    result: dict = {}
+def cpu_windows(exps: list[Exporter], gpus: int, seconds: float, scrape_every: float) -> list[dict]:
+    """``cpu_window`` of each exporter, over the same ``seconds`` (each with its own scraper)."""
+    if len(exps) == 1:
+        return [cpu_window(exps[0], gpus, seconds, scrape_every)]
+    with ThreadPoolExecutor(len(exps)) as pool:
+        return list(pool.map(lambda exp: cpu_window(exp, gpus, seconds, scrape_every), exps))
+
+
+def measure(names: list[str], python: dict[str, Path], gpus: int, quick: bool, workdir: Path, kind: str = "hgx",
+            cadences: tuple[tuple[float, float], ...] = CADENCES, window_s: float | None = None) -> dict[str, dict]:
+    """Each exporter's figures. Several names: the exporters run at once, each over a fake node of its own, and
+    their CPU windows are the same seconds (``--paired``): what the VM's neighbours do then weighs on both."""
+    results: dict[str, dict] = {name: {} for name in names}
     for poll, scrape in cadences:
-        exp = start(name, python, gpus, poll, workdir / f"{name}-{kind}-{gpus}-{poll:g}", kind)
+        exps: list[Exporter] = []
         try:
+            for name in names:
+                exps.append(start(name, python, gpus, poll, workdir / f"{name}-{kind}-{gpus}-{poll:g}", kind))
             warm = 10 if quick else 20
-            wait_for(lambda exp=exp, warm=warm, poll=poll: exp.counters()[0] / gpus >= warm / poll / 2, 120,
-                     "warm-up polls")
+            for exp in exps:
+                wait_for(lambda exp=exp, warm=warm, poll=poll: exp.counters()[0] / gpus >= warm / poll / 2, 120,
+                         "warm-up polls")
             window = window_s or ((30 if quick else 120) if poll < 1 else (45 if quick else 120))
             key = f"poll_{poll:g}s_scrape_{scrape:g}s"
-            result[key] = cpu_window(exp, gpus, window, scrape)
-            assert exp.node is not None
-            changer = Changer(exp.fx, exp.node, poll)
+            for exp, figures in zip(exps, cpu_windows(exps, gpus, window, scrape)):
+                results[exp.name][key] = figures
+            changers = [Changer(exp.fx, exp.node, poll) for exp in exps if exp.node is not None]
             try:
-                result[key + "_changing"] = cpu_window(exp, gpus, window, scrape)
+                changing = cpu_windows(exps, gpus, window, scrape)
             finally:
-                changer.close()
-                exp.fx.write(exp.node)
+                for changer in changers:
+                    changer.close()
+                    changer.fx.write(changer.node)
+            for exp, figures in zip(exps, changing):
+                results[exp.name][key + "_changing"] = figures
             if poll < 1:  # the busy cadence: memory after >= 300 polls, then the latency tests
                 wanted = 300
-                wait_for(lambda exp=exp, wanted=wanted: exp.counters()[0] / gpus >= wanted, 600, f"{wanted} polls")
-                result["rss_mb_after_300_polls"] = exp.rss_mb()
-                result["scrapes"] = scrape_latency(exp, quick)
+                for exp in exps:
+                    wait_for(lambda exp=exp, wanted=wanted: exp.counters()[0] / gpus >= wanted, 600, f"{wanted} polls")
+                    results[exp.name]["rss_mb_after_300_polls"] = exp.rss_mb()
+                for exp in exps:  # one at a time (with --paired, the other polls meanwhile)
+                    results[exp.name]["scrapes"] = scrape_latency(exp, quick)
         finally:
-            exp.stop()
-    return result
+            for exp in exps:
+                exp.stop()
+    return results
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -426,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="poll intervals to measure (RSS and latency are measured at 0.5 s)")
     ap.add_argument("--window", type=float, help="seconds of each CPU window (default 120; --quick 30 or 45): "
                     "a 45 s window at 2 s polls holds 22 polls, and what each costs moves with the VM's other work")
+    ap.add_argument("--paired", action="store_true",
+                    help="run both exporters at once and measure their CPU in the same windows (default: one "
+                         "after the other)")
     ap.add_argument("--out", default=str(OUT / "results.json"))
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -440,14 +466,14 @@ def main(argv: list[str] | None = None) -> int:
         python["nvitop-exporter"] = venv("nvitop-venv", PEER)
     fakenvml.build()
     results: dict = {"machine": machine(), "command": " ".join(["bench/bench.py", *(argv or sys.argv[1:])]),
-                     "peer": PEER, "nodes": {}}
+                     "peer": PEER, "paired": args.paired, "nodes": {}}
     try:
         for kind in args.nodes:
             for gpus in args.gpus:
                 per = results["nodes"].setdefault(kind, {})[str(gpus)] = {}
-                for name in names:
-                    per[name] = measure(name, python, gpus, args.quick, OUT / "runs", kind,
-                                        tuple(c for c in CADENCES if c[0] in args.cadence), args.window)
+                cadences = tuple(c for c in CADENCES if c[0] in args.cadence)
+                for group in [names] if args.paired else [[name] for name in names]:
+                    per.update(measure(group, python, gpus, args.quick, OUT / "runs", kind, cadences, args.window))
                 print("\n".join(report(gpus, per, kind)), flush=True)
     finally:
         for proc in list(_children):
