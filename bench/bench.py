@@ -192,7 +192,15 @@ class Exporter:
         """(nvmlDeviceGetTemperatureV calls, CPU seconds inside the library)."""
         return self.fx.counts().get("nvmlDeviceGetTemperatureV", 0), self.fx.library_cpu_seconds()
 
+    def pause(self) -> None:
+        """Stop the process where it is (SIGSTOP): it takes no CPU until ``resume``."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume()  # a stopped process does not act on SIGTERM until it runs again
         reap(self.proc)
         self.log.close()
 
@@ -380,8 +388,15 @@ def measure(names: list[str], python: dict[str, Path], gpus: int, quick: bool, w
                 for exp in exps:
                     wait_for(lambda exp=exp, wanted=wanted: exp.counters()[0] / gpus >= wanted, 600, f"{wanted} polls")
                     results[exp.name]["rss_mb_after_300_polls"] = exp.rss_mb()
-                for exp in exps:  # one at a time (with --paired, the other polls meanwhile)
-                    results[exp.name]["scrapes"] = scrape_latency(exp, quick)
+                for exp in exps:  # one at a time, the other stopped (SIGSTOP): its polls would take the CPUs
+                    others = [other for other in exps if other is not exp]
+                    for other in others:
+                        other.pause()
+                    try:
+                        results[exp.name]["scrapes"] = scrape_latency(exp, quick)
+                    finally:
+                        for other in others:
+                            other.resume()
         finally:
             for exp in exps:
                 exp.stop()
