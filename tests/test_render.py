@@ -353,6 +353,34 @@ def test_value_spelling_is_prometheus_clients():
         assert _value(value) == floatToGoString(value), value
 
 
+_VALUE = st.one_of(st.floats(allow_nan=True, allow_infinity=True).filter(lambda v: v != 0.0 or str(v) == "0.0"),
+                   st.integers(-10**7, 10**7).map(float), st.sampled_from([0.0, 1.0, 999999.0, 1e6, 123.5]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_VALUE, min_size=5, max_size=5), min_size=1, max_size=6))
+def test_a_layout_spells_each_encoding_as_prometheus_client_does(encodings):
+    """A layout encodes one series set again and again: whatever the values of each encoding (finite, NaN,
+    infinities, 1e6 and more, equal to the last encoding's or not), every family's text is each line's
+    prefix and floatToGoString of its value, in label order."""
+    from prometheus_client.utils import floatToGoString
+
+    from gpuwatch.exporter.render import _Layout
+
+    keys = ("gpuwatch_temperature_celsius", ("memory",), "gpuwatch_temperature_celsius", ("gpu",),
+            "gpuwatch_power_watts", (), "gpuwatch_clock_hertz", ("sm",), "gpuwatch_clock_hertz", ("graphics",))
+    layout = _Layout(keys, ("3", "GPU-x%y"))  # a % in a label value stays one %
+    for values in encodings:
+        chunks = layout.encode(values)
+        t = 'gpuwatch_temperature_celsius{gpu="3",sensor="%s",uuid="GPU-x%%y"} %s\n'
+        c = 'gpuwatch_clock_hertz{clock="%s",gpu="3",uuid="GPU-x%%y"} %s\n'
+        go = [floatToGoString(v) for v in values]
+        assert chunks == {
+            "gpuwatch_temperature_celsius": t % ("gpu", go[1]) + t % ("memory", go[0]),
+            "gpuwatch_power_watts": f'gpuwatch_power_watts{{gpu="3",uuid="GPU-x%y"}} {go[2]}\n',
+            "gpuwatch_clock_hertz": c % ("graphics", go[4]) + c % ("sm", go[3])}
+
+
 def test_gzip_body_is_one_member_and_follows_the_process_metrics_from_second_to_second():
     """The gzip body is a single RFC 1952 member (curl and Go read it alike) whose content is
     exactly the uncompressed body, also when a later second re-compresses only the process_* tail,
