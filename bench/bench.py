@@ -475,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [args.only] if args.only else ["gpuwatch", "nvitop-exporter"]
     if "gpuwatch" in names:
         python["gpuwatch"] = venv("gpuwatch-venv", str(ROOT))
-        subprocess.run([str(python["gpuwatch"]), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        "--force-reinstall", "--no-deps", str(ROOT)], check=True)  # this working tree, as of now
+        for how in ([], ["--force-reinstall", "--no-deps"]):  # a dependency added since the venv was made; then
+            subprocess.run([str(python["gpuwatch"]), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                            *how, str(ROOT)], check=True)  # this working tree, as of now, whatever pip decides
     if "nvitop-exporter" in names:
         python["nvitop-exporter"] = venv("nvitop-venv", PEER)
     fakenvml.build()
