@@ -88,13 +88,13 @@ def test_a_label_that_is_not_utf8_renders_as_question_marks(monkeypatch):
 
     from structlog.testing import capture_logs
 
-    from gpuwatch import exporter
     from gpuwatch.clock import FakeClock
+    from gpuwatch.exporter import render
     from gpuwatch.model import FEATURES, DiscoveredGpu
     from gpuwatch.store import Store
     from gpuwatch.testing import exposition, fast_sample, slow_sample
 
-    monkeypatch.setattr(exporter, "_told_not_utf8", False)
+    monkeypatch.setattr(render, "_told_not_utf8", False)
     clock = FakeClock()
     store = Store(clock, "scripted")
     gpus = [DiscoveredGpu(dataclasses.replace(identity(0), name="NVIDIA H\udcff00"), {f: True for f in FEATURES}),

@@ -377,9 +377,9 @@ def test_a_layout_spells_each_encoding_as_prometheus_client_does(encodings):
         c = 'gpuwatch_clock_hertz{clock="%s",gpu="3",uuid="GPU-x%%y"} %s\n'
         go = [floatToGoString(v) for v in values]
         assert chunks == {
-            "gpuwatch_temperature_celsius": t % ("gpu", go[1]) + t % ("memory", go[0]),
-            "gpuwatch_power_watts": f'gpuwatch_power_watts{{gpu="3",uuid="GPU-x%y"}} {go[2]}\n',
-            "gpuwatch_clock_hertz": c % ("graphics", go[4]) + c % ("sm", go[3])}
+            "gpuwatch_temperature_celsius": (t % ("gpu", go[1]) + t % ("memory", go[0])).encode(),
+            "gpuwatch_power_watts": f'gpuwatch_power_watts{{gpu="3",uuid="GPU-x%y"}} {go[2]}\n'.encode(),
+            "gpuwatch_clock_hertz": (c % ("graphics", go[4]) + c % ("sm", go[3])).encode()}
 
 
 @pytest.mark.parametrize("module", ["isal.isal_zlib", "zlib"])

@@ -162,7 +162,7 @@ class Exposition:
                 self._parts.clear()
             part = self._parts.get(openmetrics)
             if part is None:
-                part = self._parts[openmetrics] = _Part(_utf8(self._renderer.encode(openmetrics)))
+                part = self._parts[openmetrics] = _Part(self._renderer.encode(openmetrics))
             tail = self._tails.get(openmetrics)
             if tail is None or tail[0] != key[1]:  # the process_* metrics: read once a second per format
                 lines = self._process.lines(openmetrics) if self._process is not None else ""
@@ -171,32 +171,11 @@ class Exposition:
             compressed = compress and part.size + len(tail_bytes) >= GZIP_MIN_BYTES
             if not compressed:  # not kept: it would be a second copy of part.raw (0.5 MB at 64 GPUs)
                 if part.raw is None:  # let go once deflated: the renderer still holds this state
-                    part.raw = _utf8(self._renderer.encode(openmetrics))
+                    part.raw = self._renderer.encode(openmetrics)
                 return part.raw + tail_bytes, False
             body = part.gzip(tail_bytes)
             self._bodies[(openmetrics, compress)] = (key, body, compressed)
             return body, compressed
-
-
-_told_not_utf8 = False
-
-
-def _utf8(text: str) -> bytes:
-    """The exposition's text as UTF-8. Text from the host that is not UTF-8 reaches Python as lone surrogates
-    (a name from pwd, a path, an environment value); the sources that make labels refuse or replace it, and
-    should one slip through, its characters are sent as "?" (logged once) rather than every scrape failing
-    with UnicodeEncodeError."""
-    global _told_not_utf8
-    try:
-        return text.encode()
-    except UnicodeEncodeError as exc:
-        if not _told_not_utf8:
-            _told_not_utf8 = True
-            logs.get_logger(component="exporter").warning(
-                "label_text_not_utf8", text=ascii(exc.object[max(0, exc.start - 60):exc.end + 20]),
-                hint="a label value holds bytes that are not UTF-8; they are shown as '?'. Please report which "
-                     "source it came from (a gpuwatch bug: that source should have refused or replaced it)")
-        return text.encode("utf-8", "replace")
 
 
 def build_exposition(snapshot: Callable[[], NodeSnapshot], clock: Clock, staleness: Callable[[str], float],

@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-from gpuwatch import __version__, groups
+from gpuwatch import __version__, groups, logs
 from gpuwatch.deferred import dist_version
 from gpuwatch.exporter.catalogue import CATALOGUE
 from gpuwatch.groups.base import LabelValues
@@ -50,6 +50,27 @@ def text_header(name: str, help_text: str, kind: str) -> str:
     return f"# HELP {name} {_escape_help(help_text)}\n# TYPE {name} {kind}\n"
 
 
+_told_not_utf8 = False
+
+
+def _utf8(text: str) -> bytes:
+    """Exposition text as UTF-8. Text from the host that is not UTF-8 reaches Python as lone surrogates
+    (a name from pwd, a path, an environment value); the sources that make labels refuse or replace it, and
+    should one slip through, its characters are sent as "?" (logged once) rather than every scrape failing
+    with UnicodeEncodeError."""
+    global _told_not_utf8
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        if not _told_not_utf8:
+            _told_not_utf8 = True
+            logs.get_logger(component="exporter").warning(
+                "label_text_not_utf8", text=ascii(exc.object[max(0, exc.start - 60):exc.end + 20]),
+                hint="a label value holds bytes that are not UTF-8; they are shown as '?'. Please report which "
+                     "source it came from (a gpuwatch bug: that source should have refused or replaced it)")
+        return text.encode("utf-8", "replace")
+
+
 class _Family:
     """How one family's lines are spelled: its header in both formats and its label order."""
 
@@ -60,10 +81,10 @@ class _Family:
         self.name = name
         self.order = sorted(range(len(spec.labels)), key=spec.labels.__getitem__)
         self.keys = [f'{spec.labels[i]}="' for i in self.order]
-        self.text_header = text_header(name, spec.help, spec.type)
+        self.text_header = _utf8(text_header(name, spec.help, spec.type))
         family = name[:-6] if spec.type == "counter" else name
-        self.openmetrics_header = f"# HELP {family} {_escape_help(spec.help).replace(chr(34), chr(92) + chr(34))}\n" \
-                                  f"# TYPE {family} {spec.type}\n"
+        help_text = _escape_help(spec.help).replace(chr(34), chr(92) + chr(34))
+        self.openmetrics_header = _utf8(f"# HELP {family} {help_text}\n# TYPE {family} {spec.type}\n")
 
     def prefix(self, labels: LabelValues) -> str:
         """The line up to its value: ``name{a="1",b="x"} `` (label names sorted, values escaped)."""
@@ -122,10 +143,10 @@ class _Layout:
             form = "".join([fam.prefix(labels).replace("%", "%%") + "%s\n" for _, labels in series])
             plan.append((name, itemgetter(*(i for i, _ in series)), len(series) == 1, form))
         self.plan = tuple(plan)
-        self.last: list[tuple[tuple[float, ...], str] | None] = [None] * len(plan)  # per family (values, text)
+        self.last: list[tuple[tuple[float, ...], bytes] | None] = [None] * len(plan)  # per family (values, text)
 
-    def encode(self, values: list[float]) -> dict[str, str]:
-        """Per family its lines. Values below 1e6 and finite (most: ratios, temperatures, watts, states,
+    def encode(self, values: list[float]) -> dict[str, bytes]:
+        """Per family its lines, in UTF-8. Values below 1e6 and finite (most: ratios, temperatures, watts, states,
         counts) are spelled by ``%`` formatting itself, since str() is Go's spelling there; a family with
         a clock in Hz, a size in bytes, a timestamp, NaN or an infinity has each value spelled by _value."""
         chunks = {}
@@ -137,16 +158,16 @@ class _Layout:
                 chunks[name] = kept[1]
                 continue
             if max(picked) < 1e6 and (total := sum(picked)) - total == 0.0:  # no NaN, no infinity, none >= 1e6
-                text = form % picked
+                text = _utf8(form % picked)
             else:
-                text = form % tuple([_value(value) for value in picked])
+                text = _utf8(form % tuple([_value(value) for value in picked]))
             last[k] = (picked, text)
             chunks[name] = text
         return chunks
 
 
 def _collect(render: Callable[..., None], prefix: LabelValues, layout: _Layout | None,
-             *readings: Any) -> tuple[dict[str, str], _Layout]:
+             *readings: Any) -> tuple[dict[str, bytes], _Layout]:
     """Run one group's ``render`` for one GPU: its lines per family, sorted, and their layout (the
     previous one again when the same series came out)."""
     keys: list[Any] = []
@@ -196,7 +217,7 @@ class _Entry:
 
     __slots__ = ("ident", "a", "b", "families", "texts", "layout", "places")
 
-    def __init__(self, ident: Any, a: Any, b: Any, chunks: dict[str, str], layout: _Layout) -> None:
+    def __init__(self, ident: Any, a: Any, b: Any, chunks: dict[str, bytes], layout: _Layout) -> None:
         self.ident, self.a, self.b, self.layout = ident, a, b, layout
         self.families = tuple(chunks)
         self.texts = list(chunks.values())
@@ -225,7 +246,7 @@ class Renderer:
         self._entries: dict[str, list[_Entry | None]] = {}
         self._node_entry: _Entry | None = None
         self._uuids: tuple[str, ...] = ()
-        self._slots: list[str] = []
+        self._slots: list[bytes] = []
         self._headers: list[tuple[int, _Family]] = []  # (place, family) of each header in _slots
 
     def render(self, snap: NodeSnapshot, now: float, log_dropped: int = 0) -> None:
@@ -301,23 +322,24 @@ class Renderer:
             entry.places = [0] * len(entry.families)
             for k, family in enumerate(entry.families):
                 by_family.setdefault(family, []).append((entry, k))
-        slots: list[str] = []
+        slots: list[bytes] = []
         headers = []
         for name in sorted(by_family):
             headers.append((len(slots), _FAMILIES[name]))
-            slots.append("")
+            slots.append(b"")
             for entry, k in by_family[name]:
                 entry.places[k] = len(slots)
                 slots.append(entry.texts[k])
         self._slots, self._headers = slots, headers
         self._uuids = tuple(state.identity.uuid for state in snap.gpus)
 
-    def encode(self, openmetrics: bool = False) -> str:
-        """The text exposition (0.0.4, or OpenMetrics without the final ``# EOF``) of the last render."""
+    def encode(self, openmetrics: bool = False) -> bytes:
+        """The text exposition (0.0.4, or OpenMetrics without the final ``# EOF``) of the last render, in
+        UTF-8: the pieces are kept encoded, so that a body is one join (not a join and a copy to bytes)."""
         slots = self._slots
         for place, family in self._headers:
             slots[place] = family.openmetrics_header if openmetrics else family.text_header
-        return "".join(slots)
+        return b"".join(slots)
 
     def _gpu_core(self, emit: Callable[..., None], state: GpuState) -> None:
         _gpu_core(emit, state, self._features)
