@@ -95,6 +95,7 @@ class _Family:
 
 
 _FAMILIES: dict[str, _Family] = {name: _Family(name) for name in CATALOGUE}
+GO_EXPONENT_FROM = 1e6  # floatToGoString writes an exponent from here on; below it, it is repr() (== str())
 _VALUES: dict[float, str] = {}  # value -> its text: readings repeat (0, 1, a memory size, a clock)
 
 
@@ -105,7 +106,7 @@ def _value(value: float) -> str:
     text = _VALUES.get(value)
     if text is not None:
         return text
-    if value != value or not -1e6 < value < 1e6:  # NaN, infinities, Go's exponent form
+    if value != value or not -GO_EXPONENT_FROM < value < GO_EXPONENT_FROM:  # NaN, infinities, Go's exponent form
         text = floatToGoString(value)
     else:
         text = repr(value)
@@ -158,7 +159,7 @@ class _Layout:
             if kept is not None and kept[0] == picked:  # (0.0 and -0.0 are equal: the one kept is shown)
                 chunks[name] = kept[1]
                 continue
-            if max(picked) < 1e6 and (total := sum(picked)) - total == 0.0:  # no NaN, no infinity, none >= 1e6
+            if max(picked) < GO_EXPONENT_FROM and (total := sum(picked)) - total == 0.0:  # no NaN, no infinity
                 text = _utf8(form % picked)
             else:
                 text = _utf8(form % tuple([_value(value) for value in picked]))
