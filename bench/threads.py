@@ -3,6 +3,7 @@
     .venv/bin/python bench/threads.py                         # 8 x L40S, 2 s polls, no scrapes (the idle node)
     .venv/bin/python bench/threads.py --poll 0.5 --scrape 1   # the busy cadence, a scrape a second
     .venv/bin/python bench/threads.py --path /healthz ...     # the HTTP stack's share without the render
+    .venv/bin/python bench/threads.py --scrape 15 --changing  # readings that change every poll (bench.py's Changer)
 
 Runs gpuwatch from bench.py's virtual environment (``bench/bench.py --only gpuwatch --gpus 8`` makes it;
 install this tree into it first as bench.py does) over the fake node, and reads each thread's time on a CPU
@@ -11,9 +12,8 @@ number of timeslices (how often the thread was woken or preempted). Python 3.11 
 names the kernel sees; for this measurement only, a ``sitecustomize`` put on the measured process's path
 names each thread after its Python name (``prctl(PR_SET_NAME)``, 15 characters). The process's own figure
 is bench.py's: utime + stime (/proc/PID/stat's figure, in nanoseconds) minus the CPU time spent inside the
-fake library; the events thread's row includes the fake library's wait, which sleeps until the state
-file changes (as a real driver blocks in the kernel until an event comes) and looks at it every 100 ms even so
-(until 2026-12-06 it polled the file every 10 ms: 100 wake-ups a second).
+fake library. Until 2026-12-06 an events thread waited in the fake library (asleep until the state file
+changed, looking at it every 100 ms even so); the fast poll's thread drains the events since.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrape", type=float, default=0.0, help="seconds between scrapes; 0: none")
     ap.add_argument("--path", default="/metrics")
     ap.add_argument("--seconds", type=float, default=120.0)
+    ap.add_argument("--changing", action="store_true", help="readings change at every poll (bench.py's Changer)")
     args = ap.parse_args(argv)
     python = {"gpuwatch": bench.OUT / "gpuwatch-venv" / "bin" / "python"}
     if not python["gpuwatch"].exists():
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 conn.close()
 
+    changer = bench.Changer(exp.fx, exp.node, args.poll) if args.changing else None
     try:
         wait_for(lambda: exp.counters()[0] / args.gpus >= max(10.0, 10 / args.poll), 120, "warm-up polls")
         before, (polls0, lib0), cpu0 = threads(exp.proc.pid), exp.counters(), exp.cpu_seconds()
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         thread.join()
         after, (polls1, lib1), cpu1 = threads(exp.proc.pid), exp.counters(), exp.cpu_seconds()
     finally:
+        if changer is not None:
+            changer.close()
         exp.stop()
     seconds = args.seconds
     polls = (polls1 - polls0) / args.gpus
@@ -103,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"tid": tid, "name": name, "cpu_ms_per_s": round((ns - ns0) / 1e6 / seconds, 3),
                      "wakes_per_s": round((slices - slices0) / seconds, 2)})
     print(json.dumps({"node": args.node, "gpus": args.gpus, "poll": args.poll, "scrape": args.scrape,
+                      "changing": args.changing,
                       "path": args.path, "seconds": seconds, "polls": polls,
                       "own_cpu_ms_per_s": round(own / seconds * 1e3, 3),
                       "library_cpu_ms_per_s": round((lib1 - lib0) / seconds * 1e3, 3),
