@@ -77,7 +77,6 @@ class NvmlBackend:
         self._devices: dict[str, _Gpu] = {}
         self._by_handle: dict[int | None, str] = {}
         self._event_set: Any = None
-        self._event_wait: tuple[Any, Any] = (None, None)  # nvmlEventSetWait_v2, its output (with the event set)
         self._events_lock = threading.Lock()
         self._open = False
         self._failed_groups: set[tuple[str, str]] = set()  # (uuid, group) whose read raised, logged once
@@ -281,9 +280,6 @@ class NvmlBackend:
             try:
                 if self._event_set is None:
                     self._event_set = N.nvmlEventSetCreate()
-                    # called as pynvml's nvmlEventSetWait_v2 calls it, with its output made once and without the
-                    # exception pynvml raises for the TIMEOUT that ends every drain (after each fast poll)
-                    self._event_wait = (N._nvmlGetFunctionPointer("nvmlEventSetWait_v2"), N.c_nvmlEventData_t())
                 for d in self._devices.values():
                     kept = []
                     for mask, refused, handler in d.events:
@@ -371,7 +367,10 @@ class NvmlBackend:
                 return []
             events: list[XidEvent] = []
             wait_ms = max(0, int(timeout_seconds * 1000))
-            wait, data = self._event_wait
+            # called as pynvml's nvmlEventSetWait_v2 calls it, without the exception it raises for the TIMEOUT
+            # that ends every drain (after each fast poll)
+            wait = N._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
+            data = N.c_nvmlEventData_t()
             while True:
                 ret = wait(event_set, ctypes.byref(data), ctypes.c_uint(wait_ms))
                 if ret:  # TIMEOUT: nothing (more) queued
