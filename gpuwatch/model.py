@@ -174,7 +174,7 @@ class NodeSnapshot:
     anomalies: tuple[Anomaly, ...] = ()
     rule_onsets: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> onsets on any GPU or the node
     rule_errors: Mapping[str, int] = field(default_factory=dict)  # enabled rule -> evaluations that raised
-    events_ok: bool | None = None  # the last drain of the XID events worked (None: none yet)
+    events_ok: bool | None = None  # the XID events thread's last wait worked (None: not started)
     host: HostSample | None = None  # the last read of the host groups (gpuwatch/hostside/)
     host_monotonic: float | None = None
     host_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (group, error) -> count

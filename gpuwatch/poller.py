@@ -8,9 +8,7 @@
 - the backend's lifecycle: if it cannot be opened (driver not loaded, library missing, driver
   upgraded without reboot) the poller logs the cause once with a hint, retries with capped
   exponential backoff and recovers by itself. One lost GPU never stops the others.
-- XID events (and MIG reconfigurations) are drained after each fast poll, on its thread: the driver queues
-  them in the event set, and ``wait_events`` with no wait takes what came since (a thread of their own, woken
-  every 2 s to find nothing, cost more than the drains: ``drain_events``).
+- XID events arrive on their own thread (``wait_events``) and go into the store.
 - the host groups (Slurm allocations, the kubelet's pods, the jobs' CPU time: gpuwatch/hostside/)
   are read by a job of their own every slow interval, so a slow scontrol or kubelet delays no poll.
 """
@@ -24,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import timezone
 from typing import Any
 
-from gpuwatch.backends.base import Backend
+from gpuwatch.backends.base import EVENT_WAIT_SECONDS, Backend
 from gpuwatch.clock import Clock
 from gpuwatch.errors import BackendUnavailable, DeviceLost
 from gpuwatch.groups.selection import Selection
@@ -91,6 +89,7 @@ class Poller:
         self._lost: set[str] = set()
         self._overrun_logged: set[str] = set()
         self._stop = threading.Event()
+        self._events_thread: threading.Thread | None = None
         self._scheduler: SteadyScheduler | None = None
         self._ticker: Ticker | None = None
         self._slow_due = True
@@ -134,7 +133,7 @@ class Poller:
             self._discovery_errors.extend(error for gpu in gpus for error in gpu.errors)
             self._store.set_gpus(gpus)
             if self._selection.events:
-                self._events_status(True)  # registered at discovery; each drain reports from here on
+                self._events_status(True)  # registered at discovery; the events thread reports from here on
             up = len(gpus) > 0
             self._store.set_backend(up, None if up else "no GPUs visible", driver)
             self._up = True
@@ -177,13 +176,6 @@ class Poller:
     # -- polls -------------------------------------------------------------------------------
     def poll_fast(self) -> None:
         self._poll("fast")
-        if self._selection.events:  # before the rules: an XID of this poll's time is theirs at once
-            try:
-                self.drain_events()
-            except Exception as exc:  # a bug: the polls and the rules go on
-                self._events_status(False)
-                self._repeats.log("error", "events_failed", ("events_failed",),
-                                  error=f"{type(exc).__name__}: {exc}", exc_info=True)
         if self._clock.monotonic() - self._last_evaluated >= self._rules_every - self._fast_interval / 2:
             self.evaluate()
         elif self._remember is not None:
@@ -346,21 +338,32 @@ class Poller:
             self.evaluate()
 
     # -- XID events ----------------------------------------------------------------------------
+    def _events_loop(self) -> None:
+        """Until stopped, whatever happens: the store counts every event; the log gets the first few
+        lines per GPU and code, then a summary line per minute (Repeats)."""
+        while not self._stop.is_set():
+            try:
+                self._events_once()
+            except Exception as exc:  # a bug: the thread must outlive it
+                self._events_status(False)
+                self._repeats.log("error", "events_failed", ("events_failed",),
+                                  error=f"{type(exc).__name__}: {exc}", exc_info=True)
+                self._stop.wait(EVENT_WAIT_SECONDS)
+
     def _events_status(self, ok: bool) -> None:
         if ok != self._events_ok:  # only changes reach the store (each is a new snapshot)
             self._events_ok = ok
             self._store.set_events_ok(ok)
 
+    def _events_once(self) -> None:
+        if not self.drain_events(EVENT_WAIT_SECONDS):
+            self._stop.wait(EVENT_WAIT_SECONDS)
+
     def drain_events(self, timeout_seconds: float = 0.0) -> bool:
-        """The XID events queued since the last drain (and those that arrive within ``timeout_seconds``) go
-        into the store and the log; a MIG reconfiguration is enumerated (its handler). After each fast poll,
-        on its thread, so an event is counted at most a poll interval after it came (dcgm-exporter reads
-        XIDs every 30 s); while a poll hangs in a wedged driver, the events wait in the driver's queue with
-        it. A thread of its own woke every 2 s to find nothing: each wake-up of a thread that slept costs
-        about 0.1 ms of CPU on the bench's VM (the Python side 4 µs hot), a drain after a poll 5 µs (about
-        6 % of an idle 8-GPU node's CPU at 2 s polls: docs/performance.md). False when the backend is down
-        or its events failed. Public for gpuwatch.testing.Harness, which runs the poller's jobs on simulated
-        time."""
+        """One pass of the events thread without its waits: the XID events that arrive within
+        ``timeout_seconds`` go into the store and the log. False when the backend is down or its
+        events failed (the thread then waits before the next pass). Public for
+        gpuwatch.testing.Harness, which runs the poller's jobs on simulated time."""
         self._repeats.flush()
         if not self._up:
             return False
@@ -427,7 +430,7 @@ class Poller:
 
     @property
     def reads_events(self) -> bool:
-        """Whether a selected group reads NVML events: each fast poll drains them then."""
+        """Whether a selected group reads NVML events: the events thread runs then."""
         return self._selection.events
 
     def start(self) -> None:
@@ -449,6 +452,9 @@ class Poller:
             self._ticker = Ticker(function, seconds, lambda: self._overrun("fast"), self._fast_failed,
                                   name="gpuwatch-fast-poll", watch_seconds=self._rules_every)
             self._ticker.start()
+        if self.reads_events:  # XIDs; MIG configuration changes
+            self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
+            self._events_thread.start()
 
     def _fast_failed(self, exc: Exception) -> None:
         self._repeats.log("error", "poll_failed", ("fast_poll_failed",), tier="fast",
@@ -460,6 +466,8 @@ class Poller:
             self._ticker.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
+        if self._events_thread is not None:
+            self._events_thread.join(timeout=EVENT_WAIT_SECONDS)  # a wait in progress ends within it
         if self._lifecycle.acquire(timeout=2):
             try:
                 self._backend.close()

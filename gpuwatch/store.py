@@ -196,7 +196,7 @@ class Store:
             self._changed()
 
     def set_events_ok(self, ok: bool) -> None:
-        """Whether the last drain of the XID events worked (gpuwatch_collector_success{group="xid"})."""
+        """Whether the XID events thread's last wait worked (gpuwatch_collector_success{group="xid"})."""
         with self._lock:
             self._events_ok = ok
             self._changed()

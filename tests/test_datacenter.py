@@ -362,7 +362,7 @@ def test_a_mig_configuration_change_event_re_enumerates_at_once(inproc):
     """With a slow poll a minute away, a new instance's frame buffer shows within a few fast polls of
     NVML's MIG configuration-change event; its info series follows at the next slow poll."""
     node = fakenvml.FakeNode.h100_mig(1)
-    # XIDs switched off: the events are still drained, for the MIG events
+    # XIDs switched off: the events thread still waits, for the MIG events
     d = inproc(node, args=["--poll.slow-interval", "60", "--no-collector.xid"])
     d.wait_value("gpuwatch_mig_memory_total_bytes", 9984 * MIB, **labels(node, 0, gpu_instance="10"))
     g = node.gpus[0]

@@ -193,7 +193,7 @@ def test_reload_with_unreadable_configs_keeps_the_old_one(node_daemon, tmp_path)
 @pytest.mark.daemon
 def test_a_log_reader_that_goes_away_loses_lines_not_the_daemon(tmp_path):
     """stderr is a pipe whose reader exits after `started` (journald restarted): every later log call
-    gets EPIPE. XID events are still counted (drained after each poll), SIGHUP still reloads, the
+    gets EPIPE. XID events are still counted (the events thread lives on), SIGHUP still reloads, the
     lost lines are counted, and SIGTERM still stops it cleanly."""
     node = fakenvml.FakeNode.h200(2)
     fx = fakenvml.prepare(tmp_path, node)

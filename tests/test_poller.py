@@ -196,62 +196,6 @@ def test_xid_events_become_counters_from_zero():
     assert value(text, "gpuwatch_xid_last_timestamp_seconds", gpu="0", uuid=uuid, xid="13") == 1_700_000_200.0
 
 
-def test_the_fast_poll_drains_the_xid_events_before_its_rules_and_no_thread_waits_for_them():
-    """The driver queues events in the event set; they are taken after each fast poll, on its thread, before
-    the rules run (an XID is counted, and seen by xid_critical, at the first poll after it came). No thread of
-    their own: it woke every 2 s to find nothing, and each wake-up of a thread costs more than a drain."""
-    clock, backend, store, _ = make(1)
-    seen = []
-    poller = Poller(backend, store, clock, fast_interval=2.0, slow_interval=30.0,
-                    evaluate=lambda: seen.append(dict(store.snapshot().gpus[0].xid_counts)))
-    uuid = backend.gpus[0].identity.uuid
-    poller.poll_fast()
-    assert seen == [{}]
-    backend.events.append(XidEvent(uuid, 79, 1_700_000_100.0))
-    clock.advance(4.0)
-    poller.poll_fast()
-    assert seen[-1] == {79: 1}  # the rules of this very poll see it
-    assert value(exposition(store, clock), "gpuwatch_collector_success", group="xid") == 1
-    threaded = Poller(backend, Store(SystemClock(), backend.name), SystemClock(), fast_interval=0.05,
-                      slow_interval=30.0)
-    assert threaded.reads_events
-    before = {t.name for t in threading.enumerate()}
-    threaded.start()
-    try:
-        wait_for(lambda: threaded.backend_up, what="the first poll")
-        started = {t.name for t in threading.enumerate()} - before
-    finally:
-        threaded.stop()
-    assert started and not any("event" in name for name in started)
-
-
-def test_a_bug_in_the_drain_of_the_events_is_logged_and_the_poll_and_its_rules_go_on(capsys):
-    """What escapes the drain (a bug around the backend's own errors) stays there: one events_failed line per
-    burst, the xid group's collector_success 0, the readings and the rules of every poll as before."""
-    clock, backend, store, _ = make(1)
-    ran = []
-    poller = Poller(backend, store, clock, fast_interval=2.0, slow_interval=30.0, evaluate=lambda: ran.append(1))
-
-    def broken(timeout_seconds: float) -> list[XidEvent]:
-        raise RuntimeError("a bug")
-
-    backend.wait_events = broken  # type: ignore[method-assign]
-    for _ in range(3):
-        poller.poll_fast()
-        clock.advance(4.0)
-    assert len(ran) == 3
-    text = exposition(store, clock)
-    uuid = backend.gpus[0].identity.uuid
-    assert value(text, "gpuwatch_collector_success", group="xid") == 0
-    assert value(text, "gpuwatch_poll_success", tier="fast") == 1
-    assert value(text, "gpuwatch_temperature_celsius", gpu="0", uuid=uuid, sensor="gpu") is not None
-    failed = [e for e in log_events(capsys) if e["event"] == "events_failed"]
-    assert failed and failed[0]["error"] == "RuntimeError: a bug" and "RuntimeError" in failed[0]["exception"]
-    backend.wait_events = lambda timeout_seconds: []  # type: ignore[method-assign]
-    poller.poll_fast()
-    assert value(exposition(store, clock), "gpuwatch_collector_success", group="xid") == 1
-
-
 def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():
     """When wall minus monotonic time jumps (an NTP step), every next run time jumps with it, so the
     jobs keep their monotonic cadence; drift under the threshold is left alone."""

@@ -1,8 +1,8 @@
 """The Backend protocol every data source implements.
 
 A backend is used from the poller's threads: ``read_fast``/``read_slow`` may be called from two
-threads at once (one per tier), ``wait_events`` (with a timeout of 0) from the fast tier's after its poll.
-Implementations must be safe for that. No backend method is ever called from an HTTP request.
+threads at once (one per tier) and ``wait_events`` from a third. Implementations must be safe for
+that. No backend method is ever called from an HTTP request.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from typing import Protocol
 
 from gpuwatch.model import DiscoveredGpu, DriverInfo, FastSample, SlowSample, XidEvent
 
-# How long ``close`` waits for a drain of the events in progress (the poller's drains do not wait: wait_events
-# with a timeout of 0, after each fast poll) before NVML is shut down: never under a thread inside
-# nvmlEventSetWait; one stuck in a wedged driver is left behind.
-EVENTS_CLOSE_SECONDS = 2.0
+# The events thread's wait (wait_events' timeout). An event ends the wait at once, whatever its length;
+# the timeout is how often the thread wakes without one (each wake-up costs about 0.15 ms of CPU on a
+# vCPU that idled: at 1 s, a sixth of an idle 8-GPU node's CPU) and how long a stop may wait for a wait
+# in progress before NVML is shut down (never under a thread inside nvmlEventSetWait).
+EVENT_WAIT_SECONDS = 2.0
 
 
 class Backend(Protocol):
@@ -42,7 +43,7 @@ class Backend(Protocol):
         ...
 
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
-        """The XID events queued, waiting up to ``timeout_seconds`` for one (the poller waits 0); [] when none came.
+        """Block up to ``timeout_seconds`` for XID events; [] when none came.
 
         Raises BackendUnavailable when the backend went away. Backends without events sleep
         for the timeout and return [].

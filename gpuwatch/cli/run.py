@@ -124,7 +124,7 @@ def run_command(agent: Agent, demo: bool, reload: Callable[[], Config]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: reload_requested.set())
     raise_descriptor_limit()
-    heap.limit_arenas()  # before the HTTP and scheduler threads start
+    heap.limit_arenas()  # before the HTTP, scheduler and events threads start
     try:
         bound = agent.serve()
     except ConfigError as exc:  # the web config file changed between the check at start and now

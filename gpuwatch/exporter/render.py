@@ -408,7 +408,7 @@ class Renderer:
                 if group.name in host:
                     yield group.name, *host[group.name]
                 continue
-            if group.events and not (group.fast or group.slow):  # read from events only: the drains' state
+            if group.events and not (group.fast or group.slow):  # read from events only: the events thread's state
                 if snap.events_ok is not None:
                     yield group.name, 0.0, snap.events_ok
                 continue

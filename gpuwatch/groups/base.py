@@ -154,9 +154,8 @@ class Device(Protocol):
     def events(self, mask: int, refused: str | None = None, handler: Any = None) -> None:
         """Register this GPU for the NVML events of ``mask`` (nvmlDeviceRegisterEvents, one event set for the node).
         Without a ``handler`` the events come out of the backend's ``wait_events`` (XidEvent: the event's data);
-        with one (a stateful call's ``on_event``) it is called with the GPU's uuid when the events are drained
-        (after a fast poll). A registration the GPU refuses is dropped, and turns the feature ``refused`` (if
-        named) off."""
+        with one (a stateful call's ``on_event``) it is called with the GPU's uuid on the events thread. A
+        registration the GPU refuses is dropped, and turns the feature ``refused`` (if named) off."""
         ...
 
     def option(self, name: str) -> Any:
@@ -247,8 +246,8 @@ class Group(Generic[F, S]):
     # samples per GPU): what no rule looks back at dropped; rules read the latest sample whole. None: kept whole.
     # A rule that needs a dropped reading from the past adds it back here.
     history: Callable[[F], F] | None = None
-    # The group reads NVML events (``Device.events``): the poller drains them after each fast poll while one such
-    # group is on. A group with events and no tier reading (xid) reports the drains' state as its
+    # The group reads NVML events (``Device.events``): the poller runs its events thread while one such group is
+    # on. A group with events and no tier reading (xid) reports the events thread's state as its
     # gpuwatch_collector_success.
     events: bool = False
     # Its slow reading (the GPU's processes) is attributed to jobs, pods and units through /proc: the poller

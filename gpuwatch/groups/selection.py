@@ -72,7 +72,7 @@ class Selection:
 
     @property
     def events(self) -> bool:
-        """Whether a selected group reads NVML events (the poller drains them after each fast poll then)."""
+        """Whether a selected group reads NVML events (the poller's events thread runs then)."""
         return any(g.events for g in self.groups)
 
     @property

@@ -1,7 +1,7 @@
 """xid: XID error events, as the driver reports them (nvmlEventSetWait, on a thread of their own).
 
 At discovery each GPU is asked whether it delivers XID events (nvmlDeviceGetSupportedEventTypes)
-and registered in one event set; the poller drains it after each fast poll and the store counts every event.
+and registered in one event set; the events thread waits on it and the store counts every event.
 ``gpuwatch_xid_events_total`` exists at 0 from the start on a GPU that delivers events; a code's
 own series appears with its first event. With ``--no-collector.xid`` nothing is registered.
 
@@ -180,7 +180,6 @@ GROUP = Group(
              "XID error events per XID code; a code's series appears with its first event "
              "(alert on gpuwatch_xid_events_total, look here for the codes)."),
         Spec("gpuwatch_xid_last_timestamp_seconds", "gauge", G + ("xid",),
-             "Unix time gpuwatch took the last XID event of that code from NVML (the events are drained after each "
-             "fast poll: at most a poll interval after the driver queued it)."),
+             "Unix time of the last XID event of that code."),
     ),
 )

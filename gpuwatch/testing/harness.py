@@ -6,9 +6,9 @@ ChildBackend, or whatever ``make_backend`` picks from the configuration), and ``
 what the poller's scheduler would have run in that time, in time order, at the simulated instant each
 is due: the fast poll every poll interval (from the start; the rules run after each), the slow poll every
 slow interval (the first one with the first fast poll, as the daemon does), the host groups' job (at
-the start, right after each discovery, then every slow interval); the fast poll drains the backend's events
-as the daemon's does. No APScheduler, no thread, no sleep: a run is deterministic and takes the time its
-polls take.
+the start, right after each discovery, then every slow interval), and after each
+job a drain of the backend's events (wait_events with a timeout of 0), as the events thread would. No
+APScheduler, no thread, no sleep: a run is deterministic and takes the time its polls take.
 
 ``scrape()`` is the exposition exactly as /metrics renders it (text format), ``status()`` the document
 /api/v1/status serves, ``anomalies()`` the firing anomalies.
@@ -61,6 +61,7 @@ class Harness:
         self.intervals = {job_id: seconds for job_id, _, seconds, _ in jobs}
         self._due = {job_id: now if at_once else now + seconds for job_id, _, seconds, at_once in jobs}
         self._host_grid: float | None = None  # the host job's next scheduled run while a woken one is due
+        self._events = self.poller.reads_events
         self._order = [job_id for job_id, _, _, _ in jobs]  # jobs due at the same instant run in this order
         self.runs = dict.fromkeys(self._order, 0)  # how many times each job ran
         self.closed = False
@@ -88,6 +89,7 @@ class Harness:
             else:
                 self._due[job] = due + self.intervals[job]
         self._move_to(target)
+        self.drain_events()
 
     def run_until(self, condition: Callable[[], object], timeout: float = 60.0, step: float | None = None,
                   what: str = "condition") -> Any:
@@ -118,6 +120,12 @@ class Harness:
             if self._due["host"] > self.clock.monotonic() + _EPSILON:
                 self._host_grid = self._due["host"]
                 self._due["host"] = self.clock.monotonic()
+        self.drain_events()
+
+    def drain_events(self) -> None:
+        """What the events thread would have taken by now (nothing while the backend is down)."""
+        if self._events:
+            self.poller.drain_events(0.0)
 
     # -- what the daemon serves ------------------------------------------------------------------------
     def scrape(self, openmetrics: bool = False) -> str:

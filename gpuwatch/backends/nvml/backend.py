@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import threading
 import time
@@ -12,7 +11,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatch.backends.base import EVENTS_CLOSE_SECONDS
+from gpuwatch.backends.base import EVENT_WAIT_SECONDS
 from gpuwatch.backends.nvml.calls import Batch, Texts, handle_key
 from gpuwatch.backends.nvml.codes import BACKEND_GONE, LOST, UNSUPPORTED, follow_copied_symlink, is_gone, unavailable
 from gpuwatch.backends.nvml.funnel import Probe, Query
@@ -133,9 +132,9 @@ class NvmlBackend:
         if not self._open:
             return
         self._open = False
-        # Do not shut NVML down under a thread that is inside nvmlEventSetWait (nvml.md §12); the poller's
-        # drains do not wait, one stuck in a wedged driver is left behind after EVENTS_CLOSE_SECONDS.
-        have_events_lock = self._events_lock.acquire(timeout=EVENTS_CLOSE_SECONDS)
+        # Do not shut NVML down under a thread that is inside nvmlEventSetWait (nvml.md §12); a wait in
+        # progress ends within EVENT_WAIT_SECONDS, one stuck in a wedged driver is left behind.
+        have_events_lock = self._events_lock.acquire(timeout=EVENT_WAIT_SECONDS)
         try:
             if self._event_set is not None and have_events_lock:
                 try:
@@ -367,16 +366,15 @@ class NvmlBackend:
                 return []
             events: list[XidEvent] = []
             wait_ms = max(0, int(timeout_seconds * 1000))
-            # called as pynvml's nvmlEventSetWait_v2 calls it, without the exception it raises for the TIMEOUT
-            # that ends every drain (after each fast poll)
-            wait = N._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
-            data = N.c_nvmlEventData_t()
             while True:
-                ret = wait(event_set, ctypes.byref(data), ctypes.c_uint(wait_ms))
-                if ret:  # TIMEOUT: nothing (more) queued
-                    if ret in BACKEND_GONE:
-                        raise unavailable(N.NVMLError(ret)) from None
-                    return events  # also e.g. GPU_IS_LOST on the event's device: the polls report it
+                try:
+                    data = N.nvmlEventSetWait_v2(event_set, wait_ms)
+                except N.NVMLError as exc:
+                    if exc.value == N.NVML_ERROR_TIMEOUT:
+                        return events
+                    if exc.value in BACKEND_GONE:
+                        raise unavailable(exc) from None
+                    return events  # e.g. GPU_IS_LOST on the event's device: the polls report it
                 wait_ms = 0  # drain what is queued, then return
                 uuid = self._by_handle.get(handle_key(data.device))
                 gpu = self._devices.get(uuid) if uuid is not None else None

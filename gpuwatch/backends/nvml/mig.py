@@ -20,8 +20,8 @@ class MigDevices:
     its frame buffer (nvmlDeviceGetMemoryInfo on the MIG handle) and its GPM metrics over the last
     interval (nvmlGpmMigSampleGet on the parent with the GPU instance id, a sample pair per instance).
     An instance that went away since the enumeration is left out of the readings. One lock: the slow
-    poll and the drain of the events (after a fast poll) enumerate, the fast poll reads, close() frees;
-    a sample pair is never freed under a call that uses it."""
+    poll and the events thread enumerate, the fast poll reads, close() frees; a sample pair is never
+    freed under a call that uses it."""
 
     def __init__(self, handle: Any, metric_ids: tuple[int, ...]) -> None:
         self._handle = handle
