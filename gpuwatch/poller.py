@@ -8,7 +8,9 @@
 - the backend's lifecycle: if it cannot be opened (driver not loaded, library missing, driver
   upgraded without reboot) the poller logs the cause once with a hint, retries with capped
   exponential backoff and recovers by itself. One lost GPU never stops the others.
-- XID events arrive on their own thread (``wait_events``) and go into the store.
+- XID events arrive on their own thread (``wait_events``) and go into the store. The thread waits in
+  nvmlEventSetWait: the XIDs queued before a wait begins all come out with the last one's code (nvml.h), so
+  draining the queue after each poll instead would count an Xid 48 followed by the killed job's 43 as two 43s.
 - the host groups (Slurm allocations, the kubelet's pods, the jobs' CPU time: gpuwatch/hostside/)
   are read by a job of their own every slow interval, so a slow scontrol or kubelet delays no poll.
 """
@@ -90,6 +92,7 @@ class Poller:
         self._overrun_logged: set[str] = set()
         self._stop = threading.Event()
         self._events_thread: threading.Thread | None = None
+        self._events_wake = threading.Event()  # the backend came up, or stop(): the events thread's pause ends
         self._scheduler: SteadyScheduler | None = None
         self._ticker: Ticker | None = None
         self._slow_due = True
@@ -134,6 +137,7 @@ class Poller:
             self._store.set_gpus(gpus)
             if self._selection.events:
                 self._events_status(True)  # registered at discovery; the events thread reports from here on
+                self._events_wake.set()  # it waits on the new event set now, not after its pause
             up = len(gpus) > 0
             self._store.set_backend(up, None if up else "no GPUs visible", driver)
             self._up = True
@@ -348,7 +352,7 @@ class Poller:
                 self._events_status(False)
                 self._repeats.log("error", "events_failed", ("events_failed",),
                                   error=f"{type(exc).__name__}: {exc}", exc_info=True)
-                self._stop.wait(EVENT_WAIT_SECONDS)
+                self._events_pause()
 
     def _events_status(self, ok: bool) -> None:
         if ok != self._events_ok:  # only changes reach the store (each is a new snapshot)
@@ -357,7 +361,13 @@ class Poller:
 
     def _events_once(self) -> None:
         if not self.drain_events(EVENT_WAIT_SECONDS):
-            self._stop.wait(EVENT_WAIT_SECONDS)
+            self._events_pause()
+
+    def _events_pause(self) -> None:
+        """The events thread's pause while the backend is down (or its events failed): until it comes up, or
+        EVENT_WAIT_SECONDS."""
+        self._events_wake.wait(EVENT_WAIT_SECONDS)
+        self._events_wake.clear()
 
     def drain_events(self, timeout_seconds: float = 0.0) -> bool:
         """One pass of the events thread without its waits: the XID events that arrive within
@@ -466,8 +476,11 @@ class Poller:
             self._ticker.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
+        self._events_wake.set()
         if self._events_thread is not None:
-            self._events_thread.join(timeout=EVENT_WAIT_SECONDS)  # a wait in progress ends within it
+            # a thread between two waits ends at once; one inside nvmlEventSetWait is not waited for (up to
+            # EVENT_WAIT_SECONDS): the backend's close leaves NVML initialised under it, and the process ends
+            self._events_thread.join(timeout=0.1)
         if self._lifecycle.acquire(timeout=2):
             try:
                 self._backend.close()

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import fakenvml
 import pytest
@@ -443,3 +444,53 @@ def test_a_gpm_metric_the_driver_leaves_unanswered_is_absent_not_the_previous_gp
     answers.clear()
     answers[1] = 7.0  # this GPU's driver answers metric 1 only
     assert b()[0] == {1: 7.0}
+
+
+def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
+    """A stop does not wait for the events thread's wait (up to EVENT_WAIT_SECONDS): close() returns while a
+    thread is inside nvmlEventSetWait, without shutting NVML down or freeing the set under it (nvml.md §12); the
+    wait ends by itself. A close with no wait in progress frees the set and shuts NVML down, as before."""
+    node = fakenvml.FakeNode.l40s(1)
+    fx = fakenvml.prepare(tmp_path, node)
+    script = textwrap.dedent("""
+        import json, sys, threading
+        from gpuwatch.backends.nvml.backend import NvmlBackend
+        b = NvmlBackend()
+        b.open(); b.discover()
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(b.wait_events(60)), daemon=True)
+        waiter.start()
+        sys.stdin.readline()  # the parent saw the wait begin
+        b.close()
+        print(json.dumps({"waiting": waiter.is_alive()}), flush=True)
+        sys.stdin.readline()  # the parent queued an XID: the wait returns
+        waiter.join(30)
+        print(json.dumps({"ended": not waiter.is_alive(), "got": [e.xid for e in got[0]]}), flush=True)
+        sys.stdin.readline()
+        b.open(); b.discover(); b.close()  # no wait in progress
+        print(json.dumps({}), flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**fx.env, "FAKE_NVML_RECHECK_MS": "0"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: fx.counts().get("nvmlEventSetWait_v2", 0) >= 1, what="the wait to begin")
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {"waiting": True}  # close() returned under the wait
+        counts = fx.counts()
+        assert (counts.get("nvmlShutdown", 0), counts.get("nvmlEventSetFree", 0)) == (0, 0)
+        node.add_xid(gpu=0, xid=48)
+        node.write(fx.state_path)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {"ended": True, "got": []}  # its GPU is gone with the close
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline()) == {}
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+        counts = fx.counts()
+        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"], counts["nvmlInitWithFlags"]) == (1, 1, 2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -8,6 +8,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from daemon import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatch import poller as poller_module
 from gpuwatch.clock import FakeClock, SystemClock
 from gpuwatch.errors import BackendUnavailable
 from gpuwatch.model import XidEvent
@@ -194,6 +195,57 @@ def test_xid_events_become_counters_from_zero():
     assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="79") == 1
     assert value(text, "gpuwatch_xid_errors_total", gpu="0", uuid=uuid, xid="13") == 1
     assert value(text, "gpuwatch_xid_last_timestamp_seconds", gpu="0", uuid=uuid, xid="13") == 1_700_000_200.0
+
+
+class _WaitingBackend(ScriptedBackend):
+    """wait_events blocks as nvmlEventSetWait does until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.entered, self.release, self.returned = threading.Event(), threading.Event(), threading.Event()
+
+    def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
+        self._count("wait_events")
+        self.entered.set()
+        self.release.wait()
+        self.returned.set()
+        return []
+
+
+def test_a_stop_does_not_wait_for_the_events_threads_wait_in_progress(monkeypatch):
+    """The events thread waits up to EVENT_WAIT_SECONDS (10 s) in nvmlEventSetWait: a stop closes the backend
+    without waiting for that wait to end (NvmlBackend.close leaves NVML initialised under it)."""
+    monkeypatch.setattr(poller_module, "EVENT_WAIT_SECONDS", 3600.0)  # a stop that waited would time out
+    backend = _WaitingBackend()
+    poller = Poller(backend, Store(SystemClock(), backend.name), SystemClock(), fast_interval=0.05,
+                    slow_interval=30.0)
+    poller.start()
+    try:
+        wait_for(backend.entered.is_set, what="the events thread inside its wait")
+        poller.stop()
+        assert (backend.calls.get("close"), backend.returned.is_set()) == (1, False)
+    finally:
+        backend.release.set()
+    wait_for(backend.returned.is_set, what="the wait's own end")
+
+
+def test_the_events_thread_waits_for_events_as_soon_as_the_backend_comes_up(monkeypatch):
+    """While the backend is down the events thread pauses (up to EVENT_WAIT_SECONDS); the backend coming up ends
+    the pause, so the XIDs after a start or a recovery are waited for at once, each with its own code (those
+    queued before a wait begins all come out with the last one's code)."""
+    monkeypatch.setattr(poller_module, "EVENT_WAIT_SECONDS", 3600.0)  # only the backend's coming up ends the pause
+    _, backend, _, _ = make(1)
+    backend.open_error = BackendUnavailable("driver_not_loaded", "NVML: Driver Not Loaded", "modprobe nvidia")
+    poller = Poller(backend, Store(SystemClock(), backend.name), SystemClock(), fast_interval=0.05,
+                    slow_interval=30.0)
+    poller.start()
+    try:
+        wait_for(lambda: backend.calls.get("open", 0) >= 2, what="retries of the open")
+        assert backend.calls.get("wait_events", 0) == 0  # paused: nothing to wait on
+        backend.open_error = None
+        wait_for(lambda: backend.calls.get("wait_events", 0) >= 1, timeout=5, what="a wait after the open")
+    finally:
+        poller.stop()
 
 
 def test_steady_scheduler_moves_every_job_by_a_wall_clock_step():

@@ -12,10 +12,10 @@ from typing import Protocol
 from gpuwatch.model import DiscoveredGpu, DriverInfo, FastSample, SlowSample, XidEvent
 
 # The events thread's wait (wait_events' timeout). An event ends the wait at once, whatever its length;
-# the timeout is how often the thread wakes without one (each wake-up costs about 0.15 ms of CPU on a
-# vCPU that idled: at 1 s, a sixth of an idle 8-GPU node's CPU) and how long a stop may wait for a wait
-# in progress before NVML is shut down (never under a thread inside nvmlEventSetWait).
-EVENT_WAIT_SECONDS = 2.0
+# the timeout is how often the thread wakes without one: each wake-up of a thread that slept costs about
+# 0.1 ms of CPU on the bench's VM (a return from a 2 s wait cost the idle 8-GPU node a twentieth of its own CPU,
+# docs/performance.md). Neither a stop nor a discovery waits for a wait in progress (NvmlBackend.close).
+EVENT_WAIT_SECONDS = 10.0
 
 
 class Backend(Protocol):

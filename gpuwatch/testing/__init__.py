@@ -173,6 +173,7 @@ class ScriptedBackend:
         return self.slow[uuid]
 
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
+        self._count("wait_events")
         with self._lock:
             events, self.events = self.events, []
         if not events:

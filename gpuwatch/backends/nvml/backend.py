@@ -11,7 +11,6 @@ from typing import Any
 
 import pynvml as N
 
-from gpuwatch.backends.base import EVENT_WAIT_SECONDS
 from gpuwatch.backends.nvml.calls import Batch, Texts, handle_key
 from gpuwatch.backends.nvml.codes import BACKEND_GONE, LOST, UNSUPPORTED, follow_copied_symlink, is_gone, unavailable
 from gpuwatch.backends.nvml.funnel import Probe, Query
@@ -76,7 +75,11 @@ class NvmlBackend:
         self._devices: dict[str, _Gpu] = {}
         self._by_handle: dict[int | None, str] = {}
         self._event_set: Any = None
+        # guards the event set and the count of threads inside nvmlEventSetWait (a wait is not under it: it may
+        # last EVENT_WAIT_SECONDS, and neither a stop nor a discovery waits for it)
         self._events_lock = threading.Lock()
+        self._waiting = 0
+        self._registered = threading.Event()  # an event set exists: a wait without one waits for it
         self._open = False
         self._failed_groups: set[tuple[str, str]] = set()  # (uuid, group) whose read raised, logged once
 
@@ -132,26 +135,27 @@ class NvmlBackend:
         if not self._open:
             return
         self._open = False
-        # Do not shut NVML down under a thread that is inside nvmlEventSetWait (nvml.md §12); a wait in
-        # progress ends within EVENT_WAIT_SECONDS, one stuck in a wedged driver is left behind.
-        have_events_lock = self._events_lock.acquire(timeout=EVENT_WAIT_SECONDS)
-        try:
-            if self._event_set is not None and have_events_lock:
-                try:
-                    N.nvmlEventSetFree(self._event_set)
-                except N.NVMLError:
-                    pass
-            self._event_set = None
+        with self._events_lock:
+            event_set, self._event_set = self._event_set, None
+            self._registered.clear()
             self._free_devices()
             self._by_handle = {}
-            if have_events_lock:
+            if self._waiting:
+                # NVML is never shut down under a thread inside nvmlEventSetWait (nvml.md §12), nor the set it
+                # waits on freed: both are left, to the process's end (a stop: a wait lasts up to
+                # EVENT_WAIT_SECONDS, a stop does not wait for it) or for good (a re-initialisation after the
+                # driver went away, where the wait has usually failed at once: NVML counts its initialisations,
+                # and an event set is a few bytes). The wait ends by itself, or never in a wedged driver.
+                return
+            if event_set is not None:
                 try:
-                    N.nvmlShutdown()
+                    N.nvmlEventSetFree(event_set)
                 except N.NVMLError:
                     pass
-        finally:
-            if have_events_lock:
-                self._events_lock.release()
+            try:
+                N.nvmlShutdown()
+            except N.NVMLError:
+                pass
 
     def _free_devices(self) -> None:
         """Free what the groups' calls hold in NVML (GPM samples); errors do not matter here."""
@@ -279,6 +283,7 @@ class NvmlBackend:
             try:
                 if self._event_set is None:
                     self._event_set = N.nvmlEventSetCreate()
+                    self._registered.set()
                 for d in self._devices.values():
                     kept = []
                     for mask, refused, handler in d.events:
@@ -291,6 +296,7 @@ class NvmlBackend:
                     d.events = tuple(kept)
             except N.NVMLError:
                 self._event_set = None
+                self._registered.clear()
 
     # -- polls ----------------------------------------------------------------------------------
     def _device(self, uuid: str) -> _Gpu:
@@ -355,15 +361,14 @@ class NvmlBackend:
     def wait_events(self, timeout_seconds: float) -> list[XidEvent]:
         if not self._open:
             raise BackendUnavailable("uninitialized", "NVML backend is not initialised", "")
-        if self._event_set is None:  # no GPU delivers events
-            time.sleep(timeout_seconds)
-            return []
-        if not self._events_lock.acquire(timeout=timeout_seconds):
+        with self._events_lock:
+            event_set = self._event_set
+            if event_set is not None:
+                self._waiting += 1
+        if event_set is None:  # no GPU delivers events (yet): until a discovery registers some
+            self._registered.wait(timeout_seconds)
             return []
         try:
-            event_set = self._event_set
-            if event_set is None:
-                return []
             events: list[XidEvent] = []
             wait_ms = max(0, int(timeout_seconds * 1000))
             while True:
@@ -393,4 +398,5 @@ class NvmlBackend:
                         delivered = True
                         events.append(XidEvent(uuid=gpu.identity.uuid, xid=int(data.eventData), timestamp=time.time()))
         finally:
-            self._events_lock.release()
+            with self._events_lock:
+                self._waiting -= 1
