@@ -44,6 +44,7 @@ from gpuwatch.schedule import (
 from gpuwatch.store import Store
 
 MAX_BACKOFF_SECONDS = 60.0
+EVENTS_THREAD = "gpuwatch-events"  # its wait lasts up to EVENT_WAIT_SECONDS: a stop does not wait for it
 RULES_EVERY_SECONDS = 4.0  # the rules run after a fast poll this often (docs/rules.md); every poll feeds them
 
 
@@ -463,7 +464,7 @@ class Poller:
                                   name="gpuwatch-fast-poll", watch_seconds=self._rules_every)
             self._ticker.start()
         if self.reads_events:  # XIDs; MIG configuration changes
-            self._events_thread = threading.Thread(target=self._events_loop, name="gpuwatch-events", daemon=True)
+            self._events_thread = threading.Thread(target=self._events_loop, name=EVENTS_THREAD, daemon=True)
             self._events_thread.start()
 
     def _fast_failed(self, exc: Exception) -> None:

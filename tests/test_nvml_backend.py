@@ -159,6 +159,21 @@ def test_blocked_call_makes_data_stale_not_the_endpoint(start):
     assert d.fx.counts()["nvmlDeviceGetTemperatureV"] > calls_while_blocked
 
 
+@pytest.mark.daemon
+def test_a_stop_under_the_events_threads_wait_is_clean(start):
+    """The events thread is inside nvmlEventSetWait (up to EVENT_WAIT_SECONDS) when the daemon stops: the stop
+    neither waits for it nor reports it as a thread stuck in NVML (exit_with_busy_threads is for wedged polls),
+    and NVML is not shut down under it."""
+    node = fakenvml.FakeNode.l40s(1)
+    d = start(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="fast")
+    wait_for(lambda: d.fx.counts().get("nvmlEventSetWait_v2", 0) >= 1, what="the events thread's wait")
+    assert d.stop() == 0
+    events = [e["event"] for e in d.events()]
+    assert "stopped" in events and "exit_with_busy_threads" not in events
+    assert d.fx.counts().get("nvmlShutdown", 0) == 0
+
+
 def test_old_driver_falls_back_to_older_apis(inproc):
     node = fakenvml.FakeNode.h200(1)
     d = inproc(node, old_driver=True)
@@ -446,6 +461,7 @@ def test_a_gpm_metric_the_driver_leaves_unanswered_is_absent_not_the_previous_gp
     assert b()[0] == {1: 7.0}
 
 
+@pytest.mark.daemon
 def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
     """A stop does not wait for the events thread's wait (up to EVENT_WAIT_SECONDS): close() returns while a
     thread is inside nvmlEventSetWait, without shutting NVML down or freeing the set under it (nvml.md §12); the

@@ -17,6 +17,7 @@ from gpuwatch import __version__, heap, logs
 from gpuwatch.agent import Agent
 from gpuwatch.config import Config
 from gpuwatch.errors import ConfigError
+from gpuwatch.poller import EVENTS_THREAD
 from gpuwatch.sdnotify import Notifier
 
 EX_CONFIG = 78
@@ -25,19 +26,23 @@ EX_CONFIG = 78
 def exit_past_stuck_threads(rc: int, grace: float = 2.0) -> None:
     """A poll thread stuck in a wedged NVML call (D state) cannot be joined: exit without waiting for it.
 
-    (Python joins thread-pool workers at exit, daemon or not, so a stuck one would hang the stop.)
+    (Python joins thread-pool workers at exit, daemon or not, so a stuck one would hang the stop.) The events
+    thread is neither waited for nor reported: it waits for an XID up to EVENT_WAIT_SECONDS by design, and
+    the backend's close left NVML to it.
     """
     import time
 
     deadline = time.monotonic() + grace
     for thread in threading.enumerate():
-        if thread is not threading.main_thread():
+        if thread is not threading.main_thread() and thread.name != EVENTS_THREAD:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    stuck = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    alive = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    stuck = [name for name in alive if name != EVENTS_THREAD]
     if stuck:
         hint = ("a scrape was still being served (a slow client)" if all(n == "gpuwatch-http-conn" for n in stuck)
                 else "an NVML call did not return; check the GPUs with nvidia-smi")
         logs.get_logger(component="main").warning("exit_with_busy_threads", threads=stuck, hint=hint)
+    if alive:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
