@@ -174,6 +174,32 @@ def test_a_stop_under_the_events_threads_wait_is_clean(start):
     assert d.fx.counts().get("nvmlShutdown", 0) == 0
 
 
+def test_readings_that_do_not_change_are_asked_once_a_discovery_not_every_slow_poll(inproc):
+    """The maximum clocks, the temperature thresholds, the power limit's default and range and the link's maximum
+    generation and width are asked until NVML answers them plausibly, then kept until the next discovery; the
+    readings that change (the enforced limit, the current link) are asked every slow poll as before."""
+    node = fakenvml.FakeNode.l40s(2)
+    d = inproc(node)
+    d.wait_value("gpuwatch_poll_success", 1, tier="slow")
+    before = d.fx.counts()
+    d.advance(5)  # five slow polls (1 s)
+    after = d.fx.counts()
+    grew = {name: count - before.get(name, 0) for name, count in after.items()}
+    assert grew["nvmlDeviceGetEnforcedPowerLimit"] >= 2 * 4 and grew["nvmlDeviceGetCurrPcieLinkWidth"] >= 2 * 4
+    assert before["nvmlDeviceGetMaxClockInfo"] > 0 and before["nvmlDeviceGetMaxPcieLinkWidth"] > 0
+    assert {name: grew.get(name, 0) for name in (
+        "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetPowerManagementDefaultLimit",
+        "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth")} == dict.fromkeys((
+        "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetPowerManagementDefaultLimit",
+        "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth"), 0)
+    g = node.gpus[0]
+    assert d.value("gpuwatch_clock_max_hertz", **labels(node, 0, clock="graphics")) == g.max_clocks[0] * 1e6
+    assert d.value("gpuwatch_pcie_link_width", **labels(node, 0, link="max")) is not None
+    assert d.value("gpuwatch_power_limit_watts", **labels(node, 0, limit="max")) is not None
+
+
 def test_old_driver_falls_back_to_older_apis(inproc):
     node = fakenvml.FakeNode.h200(1)
     d = inproc(node, old_driver=True)

@@ -50,6 +50,18 @@ def whole(value: float | int | None, maximum: int = MAX_COUNT) -> int | None:
     return value if 0 <= value <= maximum else None
 
 
+def within(low: float, high: float) -> Callable[[Any], bool]:
+    """For ``Device.constant``: a number from ``low`` to ``high`` (what ``Query.plausible`` keeps), or a list or
+    tuple of such numbers (a range NVML answers in one call)."""
+
+    def valid(value: Any) -> bool:
+        if isinstance(value, (list, tuple)):
+            return bool(value) and all(valid(v) for v in value)
+        return type(value) in (int, float) and low <= value <= high
+
+    return valid
+
+
 def counted(q: Query, value: float | int | None, high: int, what: str) -> int | None:
     """``value`` as a count or a flag 0..``high`` (``Query.plausible`` with ``whole``): an int, or None (a sentinel,
     a negative, NaN, a fraction: left out, counted and logged by the query)."""
@@ -113,6 +125,14 @@ class Device(Protocol):
         ids: the MIG devices, whose ``instances`` and ``readings`` are prepared calls and ``on_event`` the
         handler of a reconfiguration) and "nvmlDeviceGetGpuFabricInfoV" (the structure version the driver
         takes)."""
+        ...
+
+    def constant(self, call: Call, valid: Callable[[Any], bool]) -> Call:
+        """``call`` for a reading that does not change while the GPU stays as discovered (a maximum clock, a
+        temperature threshold, the range and default of the power limit, the link's maximum generation and
+        width): asked until NVML answers a value ``valid`` accepts (``within``), that answer kept until the next
+        discovery; an error or a sentinel (0xFFFFFFFF) is asked again at the next poll. The slow tier asked
+        them every 30 s: 8 of a PCIe GPU's 13 slow calls, each a trip into the driver."""
         ...
 
     def probe(self, call: Call) -> Any:

@@ -31,7 +31,7 @@ from types import MappingProxyType
 
 from gpuwatch.frozen import quick
 from gpuwatch.groups import fieldids
-from gpuwatch.groups.base import MAX_COUNTER, Call, Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import MAX_COUNTER, Call, Device, Emit, G, Group, Query, Spec, within
 
 CLOCKS: tuple[str, ...] = ("graphics", "sm", "memory", "video")
 _CLOCK_TYPES = {"graphics": 0, "sm": 1, "memory": 2, "video": 3}  # nvmlClockType_t
@@ -108,14 +108,17 @@ class ClockLimits:
 
 class Nvml:
     def __init__(self, dev: Device) -> None:
-        def clocks(function: str, names: tuple[str, ...], kind: str) -> tuple[tuple[str, Call, str], ...]:
+        def clocks(function: str, names: tuple[str, ...], kind: str,
+                   constant: bool = False) -> tuple[tuple[str, Call, str], ...]:
             calls = ((name, dev.call(function, _CLOCK_TYPES[name])) for name in names)
+            if constant:
+                calls = ((name, dev.constant(call, within(0, MAX_CLOCK_MHZ))) for name, call in calls)
             # (name, call, the reading's name for Query.plausible)
             return tuple((name, call, f"{name} {kind}") for name, call in calls if dev.supported(call))
 
         self.clocks = clocks("nvmlDeviceGetClockInfo", _FAST_CLOCKS, "clock")
         self.video = clocks("nvmlDeviceGetClockInfo", ("video",), "clock")
-        self.max_clocks = clocks("nvmlDeviceGetMaxClockInfo", CLOCKS, "max clock")
+        self.max_clocks = clocks("nvmlDeviceGetMaxClockInfo", CLOCKS, "max clock", constant=True)
         self.reasons = dev.first(dev.call("nvmlDeviceGetCurrentClocksEventReasons"),
                                  dev.call("nvmlDeviceGetCurrentClocksThrottleReasons"))
         self.supported_reasons = 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuwatch.groups.base import MAX_COUNTER32, Device, Emit, G, Group, Query, Spec, counted
+from gpuwatch.groups.base import MAX_COUNTER32, Device, Emit, G, Group, Query, Spec, counted, within
 
 _REPLAYS = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
 _HIGH = {"generation": 16, "width": 64}  # the largest plausible link generation and width (lanes)
@@ -33,7 +33,9 @@ class Nvml:
                  ("generation", "max", "nvmlDeviceGetMaxPcieLinkGeneration"),
                  ("width", "max", "nvmlDeviceGetMaxPcieLinkWidth")) if self.link else ()
         # (generation | width, current | max, the call, its bound, the reading's name for Query.plausible)
-        self.calls = tuple((target, link, dev.call(function), _HIGH[target], f"PCIe {link} link {target}")
+        # the maximum generation and width are the GPU's and its slot's: asked once (Device.constant)
+        self.calls = tuple((target, link, dev.constant(dev.call(function), within(0, _HIGH[target])) if link == "max"
+                            else dev.call(function), _HIGH[target], f"PCIe {link} link {target}")
                            for target, link, function in links)
         self.replays = dev.field(_REPLAYS, "slow")
         dev.feature("pcie", self.link)

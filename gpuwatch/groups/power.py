@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from gpuwatch.frozen import quick
 from gpuwatch.groups import fieldids
-from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import MAX_COUNTER, Device, Emit, G, Group, Query, Spec, within
 
 _ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
 _POWER_AVERAGE = 185  # NVML_FI_DEV_POWER_AVERAGE, mW (what nvmlDeviceGetPowerUsage reports on Ampere and newer)
@@ -84,8 +84,9 @@ class Nvml:
         pstate = dev.call("nvmlDeviceGetPerformanceState")
         self.pstate = pstate if dev.supported(pstate) else None
         limits = (("enforced", dev.call("nvmlDeviceGetEnforcedPowerLimit")),
-                  ("default", dev.call("nvmlDeviceGetPowerManagementDefaultLimit")),
-                  ("constraints", dev.call("nvmlDeviceGetPowerManagementLimitConstraints")))
+                  ("default", dev.constant(dev.call("nvmlDeviceGetPowerManagementDefaultLimit"), within(0, _MAX_MW))),
+                  ("constraints", dev.constant(dev.call("nvmlDeviceGetPowerManagementLimitConstraints"),
+                                               within(0, _MAX_MW))))
         self.limits = tuple((name, call) for name, call in limits if dev.supported(call))
         self.rejected = False
         self.lifetime = self._lifetime(dev)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuwatch.frozen import quick
-from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec
+from gpuwatch.groups.base import Device, Emit, G, Group, Query, Spec, within
 
 _TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
 # nvmlTemperatureThresholds_t
@@ -52,7 +52,8 @@ class Nvml:
         self.margin = margin if dev.supported(margin) else None
         self.memory = dev.field(_MEMORY_TEMPERATURE, "fast")
         self.thresholds = tuple((name, call, _THRESHOLD_WHAT[name]) for name, kind in _THRESHOLDS.items()
-                                if dev.supported(call := dev.call("nvmlDeviceGetTemperatureThreshold", kind)))
+                                if dev.supported(call := dev.constant(dev.call("nvmlDeviceGetTemperatureThreshold",
+                                                                               kind), within(_COLDEST, _HOTTEST))))
         self.tlimit = tuple((fid, name, _TLIMIT_WHAT[name]) for fid, name in _TLIMIT.items() if dev.field(fid, "slow"))
         dev.feature("temperature_margin", self.margin is not None)
         dev.feature("memory_temperature", self.memory)

@@ -72,6 +72,21 @@ class Probe:
         fn = resolve(function)
         return None if fn is None else functools.partial(fn, self.handle, *args)
 
+    def constant(self, call: Any, valid: Callable[[Any], bool]) -> Any:
+        if call is None:
+            return None
+        kept: list[Any] = []
+
+        def once() -> Any:
+            if kept:
+                return kept[0]
+            value = call()  # NVMLError: nothing kept, asked again at the next poll
+            if valid(value):
+                kept.append(value)
+            return value
+
+        return once
+
     def probe(self, call: Any) -> Any:
         if call is None:
             raise Unsupported
