@@ -3,7 +3,8 @@
 Fast tier: nvmlDeviceGetClockInfo for the graphics, SM and memory clocks; the reason mask from
 nvmlDeviceGetCurrentClocksEventReasons (GetCurrentClocksThrottleReasons on older drivers), decoded
 against the supported mask read once; the cumulative throttle-time counters from the tier's field
-batch. Slow tier: the video clock and the maximum clocks (nvmlDeviceGetMaxClockInfo).
+batch. Slow tier: the video clock and the maximum clocks (nvmlDeviceGetMaxClockInfo, asked until
+answered plausibly, then kept until the next discovery: Device.constant).
 
 The time counters by default are the five nvidia-smi prints ("Clocks Event Reasons Counters"):
 sw_power_cap (74), sync_boost (76) and sw/hw_thermal_slowdown and hw_power_brake_slowdown, whose

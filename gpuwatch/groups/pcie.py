@@ -1,6 +1,7 @@
 """pcie: the PCIe link's generation and width (current and maximum) and its replay counter.
 
-Slow tier: nvmlDeviceGetCurr/MaxPcieLinkGeneration and Width; the replay counter from field 94.
+Slow tier: nvmlDeviceGetCurr/MaxPcieLinkGeneration and Width (the maximums kept once answered:
+Device.constant); the replay counter from field 94.
 Idle GPUs downshift their link on purpose: the rules only look at a link that is slow while busy.
 Each value passes ``Query.plausible`` on its own: a generation outside 0..16, a width outside 0..64 lanes or a
 replay count outside 0..MAX_COUNTER32 (0xFFFFFFFF is NVML's "not available"), NaN or a fraction is left out,

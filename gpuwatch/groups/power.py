@@ -8,7 +8,8 @@ about 3 ms of CPU per read, three times everything else a fast poll reads (docs/
 counter read every 30 s gives rate() over 5 minutes all it needs (dcgm-exporter collects it every 30 s).
 The simulated backend and older traces carry it in the fast reading; either is rendered.
 Slow tier: nvmlDeviceGetEnforcedPowerLimit,
-GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints; on Blackwell boards with power
+GetPowerManagementDefaultLimit and GetPowerManagementLimitConstraints (these two kept once answered plausibly,
+until the next discovery: Device.constant); on Blackwell boards with power
 smoothing, the smoothing circuitry's remaining lifetime in percent (field
 NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING, whose id depends on the driver branch:
 258 on R570 and R580.126+, 263 on R575/R580.65; groups/fieldids.py). A lifetime outside 0-100 % is
