@@ -187,13 +187,10 @@ def test_readings_that_do_not_change_are_asked_once_a_discovery_not_every_slow_p
     grew = {name: count - before.get(name, 0) for name, count in after.items()}
     assert grew["nvmlDeviceGetEnforcedPowerLimit"] >= 2 * 4 and grew["nvmlDeviceGetCurrPcieLinkWidth"] >= 2 * 4
     assert before["nvmlDeviceGetMaxClockInfo"] > 0 and before["nvmlDeviceGetMaxPcieLinkWidth"] > 0
-    assert {name: grew.get(name, 0) for name in (
-        "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetPowerManagementDefaultLimit",
-        "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetMaxPcieLinkGeneration",
-        "nvmlDeviceGetMaxPcieLinkWidth")} == dict.fromkeys((
-        "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetPowerManagementDefaultLimit",
-        "nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetMaxPcieLinkGeneration",
-        "nvmlDeviceGetMaxPcieLinkWidth"), 0)
+    constant = ("nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetTemperatureThreshold",
+                "nvmlDeviceGetPowerManagementDefaultLimit", "nvmlDeviceGetPowerManagementLimitConstraints",
+                "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth")
+    assert {name: grew.get(name, 0) for name in constant} == dict.fromkeys(constant, 0)
     g = node.gpus[0]
     assert d.value("gpuwatch_clock_max_hertz", **labels(node, 0, clock="graphics")) == g.max_clocks[0] * 1e6
     assert d.value("gpuwatch_pcie_link_width", **labels(node, 0, link="max")) is not None
