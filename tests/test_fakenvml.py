@@ -93,10 +93,10 @@ def run_child(fx, body: str, timeout: float = 20, **extra_env: str) -> dict:
 class Child:
     """An interactive child: read JSON lines from it, poke it via stdin."""
 
-    def __init__(self, fx, body: str):
+    def __init__(self, fx, body: str, **extra_env: str):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
-            env=fx.env,
+            env={**fx.env, **extra_env},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -129,8 +129,8 @@ class Child:
 def child_factory():
     children: list[Child] = []
 
-    def make(fx, body):
-        c = Child(fx, body)
+    def make(fx, body, **extra_env):
+        c = Child(fx, body, **extra_env)
         children.append(c)
         return c
 
@@ -505,6 +505,53 @@ def test_event_wait_sleeps_until_the_state_file_changes(tmp_path, child_factory)
     finally:
         child.kill()
     assert r["data"] == 79
+
+
+def test_a_long_event_wait_counts_its_cpu_as_it_goes(tmp_path, child_factory):
+    """FAKE_NVML_CPU's sum takes in a wait's CPU at each of its wake-ups, not only when the call returns: a
+    benchmark's window that ends in the middle of a 10 s wait (the daemon's events thread) would otherwise
+    miss what the wait spent in the window and count it in the next, moving a window's figure by up to a
+    wait's CPU at each of its edges."""
+    node = FakeNode.l40s(count=1)
+    fx = prepare(tmp_path, node)
+    child = child_factory(
+        fx,
+        """
+        N.nvmlInit()
+        es = N.nvmlEventSetCreate()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        entered = threading.Event()
+        def wait():
+            entered.set()
+            d = N.nvmlEventSetWait_v2(es, 60000)
+            out({"data": d.eventData})
+        t = threading.Thread(target=wait)
+        t.start()
+        entered.wait()
+        out("waiting")
+        t.join()
+        N.nvmlEventSetFree(es)
+        """,
+        FAKE_NVML_CPU="1",
+    )
+    try:
+        assert child.read() == "waiting"
+        before = read_cpu_seconds(fx.counts_path)
+        deadline = time.monotonic() + 20
+        while read_cpu_seconds(fx.counts_path) == before:  # the wait wakes for each change of the state file
+            assert time.monotonic() < deadline, "the wait's CPU was not counted while it waited"
+            node.gpus[0].temperature = 30 + (node.gpus[0].temperature or 0) % 40
+            fx.write(node)
+            time.sleep(0.05)  # a poll for the condition above, with its deadline
+        node.add_xid(gpu=0, xid=48)
+        fx.write(node)
+        r = child.read()
+        child.finish()
+    finally:
+        child.kill()
+    assert r["data"] == 48
+    assert read_cpu_seconds(fx.counts_path) > before
 
 
 def test_blocked_call_really_blocks(tmp_path, child_factory):

@@ -462,6 +462,18 @@ static inline void count_cpu(void)
     }
 }
 
+/* The CPU time of a call still in progress so far (a long nvmlEventSetWait_v2 at each of its wake-ups): a
+ * benchmark's window that ends inside the wait then finds it counted, not seconds later at the call's end
+ * (with the count only at the end, a window's figure moved by up to a wait's CPU at each of its edges). */
+static inline void count_cpu_so_far(void)
+{
+    if (g_counts && g_cpu_timing && t_cpu_entered) {
+        long long now = thread_cpu_ns();
+        __atomic_fetch_add(&g_counts[CPU_SLOT].count, (uint64_t)(now - t_cpu_entered), __ATOMIC_RELAXED);
+        t_cpu_entered = now;
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* State                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -2158,6 +2170,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         int changed = wait_for_state(fd, name, left);
         pthread_mutex_lock(&g_mu);
         maybe_reload(changed);
+        count_cpu_so_far();
     }
     if (fd >= 0)
         close(fd);
