@@ -533,3 +533,53 @@ def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.daemon
+@pytest.mark.parametrize("kind, idle", [("l40s", ["fans", "gpm", "mig"]), ("rtx", ["gpm", "mig"]),
+                                        ("h200", ["fans", "mig"]),
+                                        ("h100_mig", ["fans", "gpm"])])  # MIG on: GPM per instance (the mig group)
+def test_a_group_with_nothing_to_read_on_a_gpu_is_left_out_of_its_fast_polls(tmp_path, kind, idle):
+    """A reader that says ``idle_fast`` (no fans, no GPM, MIG off) is not called at the fast polls: its reading
+    stays FastSample's default, which is what its read would have returned, and it has no timing entry (the
+    poll's gpuwatch_collector_* for the group: 0 s, succeeded). The groups that have something are read."""
+    node = getattr(fakenvml.FakeNode, kind)(1)
+    fx = fakenvml.prepare(tmp_path, node)
+    script = textwrap.dedent("""
+        import json
+        from gpuwatch.backends.nvml.backend import NvmlBackend
+        from gpuwatch.backends.nvml.funnel import Probe, Query
+        from gpuwatch.groups import FastSample
+        b = NvmlBackend()
+        b.open(); b.discover()
+        uuid, gpu = next(iter(b._devices.items()))
+        default = FastSample()
+        idle, same = [], []
+        for group in b._groups:
+            if group.fast is None:
+                continue
+            dev = Probe(gpu.handle, b._probe_fields(gpu.handle), b._options, b._numbering, gpu.identity)
+            dev.group = group.name  # as NvmlBackend._probe does
+            reader = group.nvml(dev)
+            if getattr(reader, "idle_fast", False):
+                idle.append(group.name)
+                read = reader.read_fast(Query(uuid, gpu.implausible, gpu.index))
+                same.append(read == getattr(default, group.fast))
+        sample = b.read_fast(uuid)
+        print(json.dumps({"idle": idle, "same": same, "polled": [name for name, *_ in gpu.reads["fast"]],
+                          "timed": [name for name, _, _ in sample.collected],
+                          "defaults": [getattr(sample, g.fast) == getattr(default, g.fast)
+                                       for g in b._groups if g.name in idle],
+                          "fans": len(sample.fans), "gpm": sample.gpm.sm_active_ratio is not None}))
+        b.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=fx.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(r["idle"]) == sorted(idle)
+    assert r["same"] == [True] * len(idle)  # the default left in the sample is what the read returns
+    assert r["defaults"] == [True] * len(idle)
+    assert not set(idle) & set(r["polled"]) and not set(idle) & set(r["timed"])
+    assert {"thermal", "power", "clocks", "memory", "utilization"} <= set(r["polled"]) == set(r["timed"])
+    assert ("fans" in r["polled"]) == (r["fans"] > 0) == ("fans" not in idle)
+    assert ("gpm" in r["polled"]) == r["gpm"] == ("gpm" not in idle)

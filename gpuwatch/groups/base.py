@@ -218,7 +218,13 @@ S_co = TypeVar("S_co", covariant=True)
 
 
 class NvmlReader(Protocol[F_co, S_co]):
-    """A group's NVML side for one GPU, built at discovery (``Group.nvml(device)``)."""
+    """A group's NVML side for one GPU, built at discovery (``Group.nvml(device)``).
+
+    A reader may say ``idle_fast = True`` where the GPU has nothing for its fast read until the next discovery
+    (no fans, no GPM, MIG off): the backend then leaves the read out of the GPU's fast polls, and the sample
+    keeps FastSample's default for the group, which must be what ``read_fast`` would return
+    (tests/test_nvml_backend.py holds each such reader to it). Every GPU of a PCIe node or an HGX board has one
+    to three of them; a read left out is a call, a clock read and a timing entry fewer at every poll."""
 
     def read_fast(self, q: Query) -> F_co: ...
 

@@ -52,6 +52,7 @@ class Nvml:
              dev.call("nvmlDeviceGetFanSpeedRPM", i) if rpm else None,
              (f"fan_speed{{fan={i}}}", f"fan_target_speed{{fan={i}}}", f"fan_speed_rpm{{fan={i}}}"))
             for i in fans)
+        self.idle_fast = not fans  # NvmlReader: FastSample's default, (), every poll
         dev.feature("fan", bool(fans))
         dev.feature("fan_target", target)
         dev.feature("fan_rpm", rpm)

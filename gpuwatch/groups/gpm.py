@@ -88,6 +88,7 @@ class Nvml:
         self.pcie = {"tx": 0.0, "rx": 0.0}
         # supported by the device but its metrics cannot be read: 0; not a GPM device: nothing
         supported_device = answer is not None and bool(getattr(answer, "isSupportedDevice", False))
+        self.idle_fast = self.metrics is None  # NvmlReader: _NOTHING (FastSample's default, Gpm()) every poll
         dev.feature("gpm", True if self.metrics is not None else (False if supported_device or transient else None))
 
     def read_fast(self, q: Query) -> Gpm:

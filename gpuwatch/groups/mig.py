@@ -75,6 +75,7 @@ class Nvml:
                 dev.events(MIG_CONFIG_CHANGE, handler=devices.on_event)  # enumerated again at once
         # MIG enabled but its devices cannot be enumerated: 0; MIG off or not a MIG GPU: nothing
         enabled = (mode is not None and int(mode[0]) == 1) or transient
+        self.idle_fast = self.devices is None  # NvmlReader: FastSample's default, (), every poll
         dev.feature("mig", True if self.devices is not None else (False if enabled else None))
 
     def read_fast(self, q: Query) -> tuple[MigReading, ...]:

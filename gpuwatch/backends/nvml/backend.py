@@ -245,7 +245,7 @@ class NvmlBackend:
         for group in self._groups:
             dev.group = group.name
             reader = group.nvml(dev)  # type: ignore[misc]
-            if group.fast is not None:
+            if group.fast is not None and not getattr(reader, "idle_fast", False):  # NvmlReader's docstring
                 fast.append((group.name, group.fast, reader))
             if group.slow is not None:
                 slow.append((group.name, group.slow, reader))
