@@ -454,17 +454,10 @@ static inline void count_call(int sym)
     }
 }
 
-static inline void count_cpu(void)
-{
-    if (g_counts && g_cpu_timing && t_cpu_entered) {
-        __atomic_fetch_add(&g_counts[CPU_SLOT].count, (uint64_t)(thread_cpu_ns() - t_cpu_entered), __ATOMIC_RELAXED);
-        t_cpu_entered = 0;
-    }
-}
-
-/* The CPU time of a call still in progress so far (a long nvmlEventSetWait_v2 at each of its wake-ups): a
- * benchmark's window that ends inside the wait then finds it counted, not seconds later at the call's end
- * (with the count only at the end, a window's figure moved by up to a wait's CPU at each of its edges). */
+/* The CPU time of the call in progress since its entry or the last count: at its end (count_cpu), and in a
+ * long nvmlEventSetWait_v2 at each of its wake-ups, so that a benchmark's window that ends inside the wait
+ * finds it counted, not seconds later at the call's end (with the count only at the end, a window's figure
+ * moved by up to a wait's CPU at each of its edges). */
 static inline void count_cpu_so_far(void)
 {
     if (g_counts && g_cpu_timing && t_cpu_entered) {
@@ -472,6 +465,12 @@ static inline void count_cpu_so_far(void)
         __atomic_fetch_add(&g_counts[CPU_SLOT].count, (uint64_t)(now - t_cpu_entered), __ATOMIC_RELAXED);
         t_cpu_entered = now;
     }
+}
+
+static inline void count_cpu(void)
+{
+    count_cpu_so_far();
+    t_cpu_entered = 0;
 }
 
 /* ------------------------------------------------------------------------ */
