@@ -106,8 +106,11 @@ class RequestHandler(BaseRequestHandler):
         self._deadline = 0.0
         server: Any = self.server  # a gpuwatch.web.server._Server
         self._timeout, self._idle = float(server.request_timeout), float(server.keepalive_seconds)
-        ssl = sys.modules.get("ssl")  # a TLS listener loaded it (gpuwatch.web.config.server_context)
-        self._tls = ssl is not None and isinstance(self.request, ssl.SSLSocket)
+        # A TLS listener loaded ssl before it served (gpuwatch.web.config.server_context). Another thread may be
+        # importing it right now (gRPC, through asyncio, at the kubelet client's first read): its module is in
+        # sys.modules half made, without SSLSocket yet, and no socket of this process is one then.
+        sslsocket = getattr(sys.modules.get("ssl"), "SSLSocket", None)
+        self._tls = sslsocket is not None and isinstance(self.request, sslsocket)
 
     def handle(self) -> None:
         wait = self._timeout  # for the first request: a client that connects sends at once
