@@ -303,9 +303,18 @@ class _Server(ThreadingMixIn, TCPServer):
                 pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver would print a traceback to stderr; nothing a client does deserves one
+        """socketserver's hook for what a connection's thread raised (the connection is then closed without an
+        answer). Nothing a client does deserves a traceback: a failed read or send (OSError) or a bad TLS record
+        (ValueError) is a debug event. Anything else is a gpuwatch bug: an error with its traceback, once a minute
+        per kind of exception (then one line with the count)."""
         exc = sys.exc_info()[1]
-        log().debug("http_connection_error", peer=str(client_address), error=reason(exc) if exc else "unknown")
+        if exc is None or isinstance(exc, (OSError, ValueError)):
+            log().debug("http_connection_error", peer=str(client_address), error=reason(exc) if exc else "unknown")
+            return
+        self._refused.log("error", "http_connection_failed", ("bug", type(exc).__name__), peer=str(client_address),
+                          error=f"{type(exc).__name__}: {exc}", exc_info=exc,
+                          hint="a gpuwatch bug: the connection was closed without an answer; please report it "
+                               "with this log line")
 
 
 def _drain_head(sock: socket.socket, deadline: float, limit: int = 65536) -> None:
