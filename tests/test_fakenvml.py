@@ -59,6 +59,13 @@ PRELUDE = textwrap.dedent(
         N._nvmlCheckReturn(ret)
         return info.speed
 
+    def xid_events(gpu=0):
+        '''nvmlInit, then an event set with GPU ``gpu`` registered in it for XIDs.'''
+        N.nvmlInit()
+        es = N.nvmlEventSetCreate()
+        N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(gpu), N.nvmlEventTypeXidCriticalError, es)
+        return es
+
     def fields(handle, ids):
         return [
             {"id": v.fieldId, "ret": v.nvmlReturn, "type": v.valueType,
@@ -479,10 +486,7 @@ def test_event_wait_sleeps_until_the_state_file_changes(tmp_path, child_factory)
         fx,
         """
         import resource
-        N.nvmlInit()
-        es = N.nvmlEventSetCreate()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        es = xid_events()
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
         idle = call(N.nvmlEventSetWait_v2, es, 1000)
         switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
@@ -517,10 +521,7 @@ def test_a_long_event_wait_counts_its_cpu_as_it_goes(tmp_path, child_factory):
     child = child_factory(
         fx,
         """
-        N.nvmlInit()
-        es = N.nvmlEventSetCreate()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        es = xid_events()
         entered = threading.Event()
         def wait():
             entered.set()
