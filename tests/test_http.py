@@ -323,6 +323,33 @@ def test_a_bug_in_a_connections_thread_is_an_error_with_its_traceback_and_the_se
     assert "a gpuwatch bug" in lines[0]["hint"] and "Traceback" in lines[0]["exception"]
 
 
+def test_no_thread_for_a_connection_is_a_warning_not_a_bug_and_the_server_serves_on(echo, monkeypatch, capsys):
+    """A process at its limit of threads (TasksMax, a pod's pids limit) cannot start one for a connection: that
+    connection is closed, with a warning that says so (not ``http_connection_failed``'s "a gpuwatch bug"), and
+    the next one is served once a thread can be had."""
+    import json
+    import threading
+
+    original = threading.Thread.start
+    refusals = [RuntimeError("can't start new thread")]
+
+    def start(self):
+        if self.name == "gpuwatch-http-conn" and refusals:
+            raise refusals.pop()
+        original(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    logs.configure("info", "json")
+    with socket.create_connection(echo, timeout=10) as client:
+        client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert client.recv(65536) == b""  # closed: no thread to answer it
+    assert ask(echo, b"GET /x HTTP/1.1\r\n\r\n")[0] == b"HTTP/1.1 200 OK"
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    warned = [e for e in events if e["event"] == "http_thread_start_failed"]
+    assert len(warned) == 1 and warned[0]["level"] == "warning" and "TasksMax" in warned[0]["hint"]
+    assert not [e for e in events if e["level"] in ("error", "critical")]
+
+
 def test_the_landing_page_escapes_as_html_escape():
     import html
 

@@ -46,6 +46,7 @@ from gpuwatch.groups.clocks import ClockLimits, Clocks
 from gpuwatch.groups.ecc import Ecc
 from gpuwatch.groups.fabric import Fabric
 from gpuwatch.groups.fans import FanReading
+from gpuwatch.groups.gpm import NOTHING as NO_GPM
 from gpuwatch.groups.gpm import Gpm
 from gpuwatch.groups.grace import GraceSensor
 from gpuwatch.groups.jobs import JobUsage
@@ -93,7 +94,7 @@ class FastSample:
     clocks: Clocks = Clocks()
     utilization: Utilization = Utilization()
     memory: Memory = Memory()
-    gpm: Gpm = Gpm()
+    gpm: Gpm = NO_GPM  # immutable (no dict shared by every sample without GPM readings)
     mig: tuple[MigReading, ...] = ()  # per MIG instance, on MIG-enabled GPUs
     # Lowercase NVML error names of queries that failed in this poll (not NOT_SUPPORTED probes).
     errors: tuple[str, ...] = ()

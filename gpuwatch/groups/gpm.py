@@ -65,7 +65,8 @@ class Gpm:
 
 
 _NONE: Mapping[str, float] = MappingProxyType({})
-_NOTHING = Gpm(pipe_active_ratio=_NONE, pcie_traffic_bytes=_NONE)  # immutable: one for every poll without readings
+# Immutable: one for every poll without readings, and FastSample's default (the sample of a GPU without GPM)
+NOTHING = Gpm(pipe_active_ratio=_NONE, pcie_traffic_bytes=_NONE)
 
 
 def history(gpm: Gpm) -> Gpm:
@@ -88,13 +89,13 @@ class Nvml:
         self.pcie = {"tx": 0.0, "rx": 0.0}
         # supported by the device but its metrics cannot be read: 0; not a GPM device: nothing
         supported_device = answer is not None and bool(getattr(answer, "isSupportedDevice", False))
-        self.idle_fast = self.metrics is None  # NvmlReader: _NOTHING (FastSample's default, Gpm()) every poll
+        self.idle_fast = self.metrics is None  # NvmlReader: NOTHING (FastSample's default) every poll
         dev.feature("gpm", True if self.metrics is not None else (False if supported_device or transient else None))
 
     def read_fast(self, q: Query) -> Gpm:
         got = q(self.metrics) if self.metrics is not None else None
         if got is None:  # no GPM, failed (counted), or the first sample of a new pair
-            return _NOTHING
+            return NOTHING
         values, seconds = got
         plausible = q.plausible
         pcie, traffic = self.pcie, {}

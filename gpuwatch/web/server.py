@@ -162,7 +162,15 @@ class _Server(ThreadingMixIn, TCPServer):
         try:
             threading.Thread(target=self._worker, args=(request, client_address), name="gpuwatch-http-conn",
                              daemon=True).start()
-        except BaseException:  # no thread to be had: socketserver closes the connection, it is not counted
+        except RuntimeError as exc:  # no thread to be had (the unit's TasksMax, the pod's pids limit): closed
+            with self._workers_lock:
+                self._open.discard(request)
+            self._refused.log("warning", "http_thread_start_failed", "thread", error=str(exc),
+                              hint="gpuwatch cannot start a thread for this connection: the process is at its "
+                                   "limit of threads (systemd's TasksMax, a container's pids limit, ulimit -u); "
+                                   "the connection is closed")
+            self.shutdown_request(request)
+        except BaseException:  # socketserver closes the connection, it is not counted
             with self._workers_lock:
                 self._open.discard(request)
             raise
@@ -312,7 +320,7 @@ class _Server(ThreadingMixIn, TCPServer):
             log().debug("http_connection_error", peer=str(client_address), error=reason(exc) if exc else "unknown")
             return
         self._refused.log("error", "http_connection_failed", ("bug", type(exc).__name__), peer=str(client_address),
-                          error=f"{type(exc).__name__}: {exc}", exc_info=exc,
+                          error=f"{type(exc).__name__}: {exc}", exc_info=True,  # the one in flight: kept by no one
                           hint="a gpuwatch bug: the connection was closed without an answer; please report it "
                                "with this log line")
 
