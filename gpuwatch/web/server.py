@@ -134,7 +134,7 @@ class _Server(ThreadingMixIn, TCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._workers_lock = threading.Lock()
         self._idle = 0  # kept threads waiting on _work
-        self._refused = Repeats(_Log(), burst=1)
+        self._repeats = Repeats(_Log(), burst=1)  # the listener's warnings and errors, each kind once a minute
         # the connections accepted and not closed yet (after a TLS handshake, the TLS socket for the raw one):
         # MAX_CONNECTIONS and KEEPALIVE_MAX count them, stop() ends them
         self._open: set[Any] = set()
@@ -149,7 +149,7 @@ class _Server(ThreadingMixIn, TCPServer):
             if not full:
                 self._open.add(request)
         if full:
-            self._refused.log("warning", "http_connections_refused", "full", max_connections=MAX_CONNECTIONS,
+            self._repeats.log("warning", "http_connections_refused", "full", max_connections=MAX_CONNECTIONS,
                               hint="more connections than gpuwatch serves at once are open to this listener: a "
                                    "client that opens many without closing them, or a flood; they are closed")
             self.shutdown_request(request)
@@ -162,18 +162,17 @@ class _Server(ThreadingMixIn, TCPServer):
         try:
             threading.Thread(target=self._worker, args=(request, client_address), name="gpuwatch-http-conn",
                              daemon=True).start()
-        except RuntimeError as exc:  # no thread to be had (the unit's TasksMax, the pod's pids limit): closed
+        except BaseException as exc:  # the connection is closed and not counted
             with self._workers_lock:
                 self._open.discard(request)
-            self._refused.log("warning", "http_thread_start_failed", "thread", error=str(exc),
+            if not isinstance(exc, RuntimeError):
+                raise  # socketserver closes it
+            # no thread to be had (the unit's TasksMax, the pod's pids limit)
+            self._repeats.log("warning", "http_thread_start_failed", "thread", error=str(exc),
                               hint="gpuwatch cannot start a thread for this connection: the process is at its "
                                    "limit of threads (systemd's TasksMax, a container's pids limit, ulimit -u); "
                                    "the connection is closed")
             self.shutdown_request(request)
-        except BaseException:  # socketserver closes the connection, it is not counted
-            with self._workers_lock:
-                self._open.discard(request)
-            raise
 
     def _worker(self, request: Any, client_address: Any) -> None:
         """Serve a connection, then wait for the next one, unless KEPT_WORKERS already wait (or stopping)."""
@@ -285,7 +284,7 @@ class _Server(ThreadingMixIn, TCPServer):
             if exc.errno not in _OUT_OF_RESOURCES:
                 raise  # one connection's own failure (ECONNABORTED, EPROTO...): it left the queue; the next one
             self._accept_failed = True  # out of resources: the queued connection wakes the loop at once
-            self._refused.log("warning", "http_accept_failed", ("accept", exc.errno), error=reason(exc),
+            self._repeats.log("warning", "http_accept_failed", ("accept", exc.errno), error=reason(exc),
                               hint="gpuwatch cannot accept connections: out of file descriptors (raise the unit's "
                                    "LimitNOFILE) or of memory; it retries every "
                                    f"{ACCEPT_BACKOFF_SECONDS:g} s")
@@ -319,7 +318,7 @@ class _Server(ThreadingMixIn, TCPServer):
         if exc is None or isinstance(exc, (OSError, ValueError)):
             log().debug("http_connection_error", peer=str(client_address), error=reason(exc) if exc else "unknown")
             return
-        self._refused.log("error", "http_connection_failed", ("bug", type(exc).__name__), peer=str(client_address),
+        self._repeats.log("error", "http_connection_failed", ("bug", type(exc).__name__), peer=str(client_address),
                           error=f"{type(exc).__name__}: {exc}", exc_info=True,  # the one in flight: kept by no one
                           hint="a gpuwatch bug: the connection was closed without an answer; please report it "
                                "with this log line")
