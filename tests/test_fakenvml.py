@@ -555,6 +555,45 @@ def test_a_long_event_wait_counts_its_cpu_as_it_goes(tmp_path, child_factory):
     assert read_cpu_seconds(fx.counts_path) > before
 
 
+def test_an_event_set_holds_one_watch_from_its_first_wait_until_it_is_freed(tmp_path):
+    """Like a real event set, which holds its descriptors for its life, the fake's holds its one inotify
+    descriptor from its first wait to nvmlEventSetFree: a process's descriptor count does not move with each
+    wait (the soak's check that descriptors stay flat), and an event set that is never freed shows as one."""
+    fx = prepare(tmp_path, FakeNode.l40s(count=1))
+    r = run_child(
+        fx,
+        """
+        import os
+        def watches():
+            links = []
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    links.append(os.readlink(f"/proc/self/fd/{fd}"))
+                except FileNotFoundError:  # listdir's own descriptor, closed by now
+                    pass
+            return links.count("anon_inode:inotify")
+        es = xid_events()
+        seen = {"made": watches()}
+        seen["waits"] = []
+        for _ in range(3):
+            seen["waits"].append(call(N.nvmlEventSetWait_v2, es, 20))
+            seen.setdefault("between", []).append(watches())
+        other = N.nvmlEventSetCreate()
+        call(N.nvmlEventSetWait_v2, other, 20)
+        seen["two_sets"] = watches()
+        N.nvmlEventSetFree(other)
+        N.nvmlEventSetFree(es)
+        seen["freed"] = watches()
+        out(seen)
+        """,
+    )
+    assert r["waits"] == ["NVMLError_Timeout"] * 3
+    assert r["made"] == 0  # not before its first wait
+    assert r["between"] == [1, 1, 1]  # one, kept between the waits
+    assert r["two_sets"] == 2
+    assert r["freed"] == 0
+
+
 def test_blocked_call_really_blocks(tmp_path, child_factory):
     """A blocked call holds its thread until the block is lifted; meanwhile the same call on another GPU
     and other calls on the same GPU (other threads) answer. A timed block ends by itself."""

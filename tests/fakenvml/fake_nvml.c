@@ -630,6 +630,10 @@ struct fake_evset {
     unsigned int magic;
     unsigned long long mask[MAX_GPUS];
     long long last_seq[MAX_GPUS];
+    /* the set's inotify watch on the state file, made at its first wait and closed when it is freed (a real
+     * event set holds its descriptors for its life too): -2 not made yet, -1 none (see watch_state) */
+    int watch_fd;
+    char watch_name[NAME_MAX + 1];
 };
 #define EVSET_MAGIC 0x4e564d4cU
 
@@ -2026,6 +2030,7 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     if (!es)
         END(20); /* NVML_ERROR_MEMORY */
     es->magic = EVSET_MAGIC;
+    es->watch_fd = -2;
     *set = es;
     END(NVML_SUCCESS);
 }
@@ -2143,8 +2148,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         return r;
     NEED(set && set->magic == EVSET_MAGIC && data);
     long long deadline = mono_ns() + (long long)timeoutms * 1000000LL;
-    int fd = -1, watching = 0;
-    char name[NAME_MAX + 1];
+    int watching = 0;
     for (;;) {
         if (g_init_count <= 0 || !g_state) {
             r = NVML_ERROR_UNINITIALIZED;
@@ -2161,18 +2165,18 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         }
         if (!watching) { /* watched before the state is looked at again: no change falls between the two */
             watching = 1;
-            fd = watch_state(name, sizeof name);
+            if (set->watch_fd == -2)
+                set->watch_fd = watch_state(set->watch_name, sizeof set->watch_name);
             maybe_reload(1);
             continue;
         }
+        int fd = set->watch_fd;
         pthread_mutex_unlock(&g_mu);
-        int changed = wait_for_state(fd, name, left);
+        int changed = wait_for_state(fd, set->watch_name, left);
         pthread_mutex_lock(&g_mu);
         maybe_reload(changed);
         count_cpu_so_far();
     }
-    if (fd >= 0)
-        close(fd);
     END(r);
 }
 
@@ -2183,6 +2187,8 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
         return r;
     NEED(set && set->magic == EVSET_MAGIC);
     set->magic = 0;
+    if (set->watch_fd >= 0)
+        close(set->watch_fd);
     free(set);
     END(NVML_SUCCESS);
 }
