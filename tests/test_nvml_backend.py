@@ -487,13 +487,23 @@ def test_a_gpm_metric_the_driver_leaves_unanswered_is_absent_not_the_previous_gp
 @pytest.mark.daemon
 def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
     """A stop does not wait for the events thread's wait (up to EVENT_WAIT_SECONDS): close() returns while a
-    thread is inside nvmlEventSetWait, without shutting NVML down or freeing the set under it (nvml.md §12); the
-    wait ends by itself. A close with no wait in progress frees the set and shuts NVML down, as before."""
+    thread is inside nvmlEventSetWait, without shutting NVML down or freeing the set under it (nvml.md §12).
+    When the wait returns it frees the set and shuts NVML down itself: a re-initialisation under a wait (the
+    driver went away and came back) leaked the set, and the descriptors it holds, for good. An open() in
+    between keeps its own initialisation. A close with no wait in progress frees the set and shuts NVML down."""
     node = fakenvml.FakeNode.l40s(1)
     fx = fakenvml.prepare(tmp_path, node)
     script = textwrap.dedent("""
-        import json, sys, threading
+        import json, os, sys, threading
         from gpuwatch.backends.nvml.backend import NvmlBackend
+        def watches():  # the fake's event sets hold an inotify descriptor from their first wait to their free
+            links = []
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    links.append(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    pass
+            return links.count("anon_inode:inotify")
         b = NvmlBackend()
         b.open(); b.discover()
         got = []
@@ -501,34 +511,42 @@ def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
         waiter.start()
         sys.stdin.readline()  # the parent saw the wait begin
         b.close()
-        print(json.dumps({"waiting": waiter.is_alive()}), flush=True)
+        b.open(); b.discover()  # a re-initialisation while the wait goes on
+        print(json.dumps({"waiting": waiter.is_alive(), "sets": watches()}), flush=True)
         sys.stdin.readline()  # the parent queued an XID: the wait returns
         waiter.join(30)
-        print(json.dumps({"ended": not waiter.is_alive(), "got": [e.xid for e in got[0]]}), flush=True)
+        print(json.dumps({"ended": not waiter.is_alive(), "got": [e.xid for e in got[0]], "sets": watches()}),
+              flush=True)
         sys.stdin.readline()
-        b.open(); b.discover(); b.close()  # no wait in progress
-        print(json.dumps({}), flush=True)
+        b.wait_events(0.05)  # the new set's first wait
+        b.close()  # no wait in progress
+        print(json.dumps({"sets": watches()}), flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], env={**fx.env, "FAKE_NVML_RECHECK_MS": "0"},
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def step() -> dict:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        return json.loads(line)
+
     try:
         wait_for(lambda: fx.counts().get("nvmlEventSetWait_v2", 0) >= 1, what="the wait to begin")
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert json.loads(proc.stdout.readline()) == {"waiting": True}  # close() returned under the wait
+        assert step() == {"waiting": True, "sets": 1}  # close() returned under the wait; the new set not waited on
         counts = fx.counts()
         assert (counts.get("nvmlShutdown", 0), counts.get("nvmlEventSetFree", 0)) == (0, 0)
+        assert (counts["nvmlInitWithFlags"], counts["nvmlEventSetCreate"]) == (2, 2)
         node.add_xid(gpu=0, xid=48)
         node.write(fx.state_path)
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert json.loads(proc.stdout.readline()) == {"ended": True, "got": []}  # its GPU is gone with the close
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert json.loads(proc.stdout.readline()) == {}
+        assert step() == {"ended": True, "got": [48], "sets": 0}  # the old set's XID, from the GPU found again
+        counts = fx.counts()
+        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"]) == (1, 1)  # the old set's, and its init's
+        assert step() == {"sets": 0}
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
         counts = fx.counts()
-        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"], counts["nvmlInitWithFlags"]) == (1, 1, 2)
+        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"], counts["nvmlInitWithFlags"]) == (2, 2, 2)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -79,6 +79,9 @@ class NvmlBackend:
         # last EVENT_WAIT_SECONDS, and neither a stop nor a discovery waits for it)
         self._events_lock = threading.Lock()
         self._waiting = 0
+        # what a close() under a wait left to it: the event sets to free and the nvmlShutdown calls it owes
+        self._left_to_waiter: list[Any] = []
+        self._shutdowns_owed = 0
         self._registered = threading.Event()  # an event set exists: a wait without one waits for it
         self._open = False
         self._failed_groups: set[tuple[str, str]] = set()  # (uuid, group) whose read raised, logged once
@@ -142,10 +145,13 @@ class NvmlBackend:
             self._by_handle = {}
             if self._waiting:
                 # NVML is never shut down under a thread inside nvmlEventSetWait (nvml.md §12), nor the set it
-                # waits on freed: both are left, to the process's end (a stop: a wait lasts up to
-                # EVENT_WAIT_SECONDS, a stop does not wait for it) or for good (a re-initialisation after the
-                # driver went away, where the wait has usually failed at once: NVML counts its initialisations,
-                # and an event set is a few bytes). The wait ends by itself, or never in a wedged driver.
+                # waits on freed: both are left to the wait, which frees the set and shuts NVML down once it
+                # returns (within EVENT_WAIT_SECONDS, or never in a wedged driver; a stop does not wait for it).
+                # NVML counts its initialisations, so an open() in between keeps its own. Without this a
+                # re-initialisation under a wait leaked the set and what it holds (descriptors) for good.
+                if event_set is not None:
+                    self._left_to_waiter.append(event_set)
+                self._shutdowns_owed += 1
                 return
             if event_set is not None:
                 try:
@@ -400,3 +406,21 @@ class NvmlBackend:
         finally:
             with self._events_lock:
                 self._waiting -= 1
+                if not self._waiting:
+                    self._settle_close()
+
+    def _settle_close(self) -> None:
+        """What close() left to the waits (under the events lock, once none is in progress): free the event
+        sets and shut NVML down as often as it owed."""
+        left, self._left_to_waiter = self._left_to_waiter, []
+        owed, self._shutdowns_owed = self._shutdowns_owed, 0
+        for event_set in left:
+            try:
+                N.nvmlEventSetFree(event_set)
+            except N.NVMLError:
+                pass
+        for _ in range(owed):
+            try:
+                N.nvmlShutdown()
+            except N.NVMLError:
+                pass
