@@ -558,7 +558,9 @@ def test_a_long_event_wait_counts_its_cpu_as_it_goes(tmp_path, child_factory):
 def test_an_event_set_holds_one_watch_from_its_first_wait_until_it_is_freed(tmp_path):
     """Like a real event set, which holds its descriptors for its life, the fake's holds its one inotify
     descriptor from its first wait to nvmlEventSetFree: a process's descriptor count does not move with each
-    wait (the soak's check that descriptors stay flat), and an event set that is never freed shows as one."""
+    wait (the soak's check that descriptors stay flat), and an event set that is never freed shows as one. A
+    set freed while a thread waits on it is refused (IN_USE): NVML does not say what happens, and the waiter
+    would read freed memory."""
     fx = prepare(tmp_path, FakeNode.l40s(count=1))
     r = run_child(
         fx,
@@ -579,8 +581,14 @@ def test_an_event_set_holds_one_watch_from_its_first_wait_until_it_is_freed(tmp_
             seen["waits"].append(call(N.nvmlEventSetWait_v2, es, 20))
             seen.setdefault("between", []).append(watches())
         other = N.nvmlEventSetCreate()
-        call(N.nvmlEventSetWait_v2, other, 20)
+        waiter = threading.Thread(target=call, args=(N.nvmlEventSetWait_v2, other, 1000))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while watches() < 2 and time.monotonic() < deadline:  # the other set's wait made its watch
+            time.sleep(0.01)
         seen["two_sets"] = watches()
+        seen["freed_under_its_wait"] = call(N.nvmlEventSetFree, other)
+        waiter.join()
         N.nvmlEventSetFree(other)
         N.nvmlEventSetFree(es)
         seen["freed"] = watches()
@@ -591,6 +599,7 @@ def test_an_event_set_holds_one_watch_from_its_first_wait_until_it_is_freed(tmp_
     assert r["made"] == 0  # not before its first wait
     assert r["between"] == [1, 1, 1]  # one, kept between the waits
     assert r["two_sets"] == 2
+    assert r["freed_under_its_wait"] == "NVMLError_InUse"
     assert r["freed"] == 0
 
 

@@ -179,6 +179,7 @@ enum {
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_IN_USE = 19,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
 };
 
@@ -631,9 +632,12 @@ struct fake_evset {
     unsigned long long mask[MAX_GPUS];
     long long last_seq[MAX_GPUS];
     /* the set's inotify watch on the state file, made at its first wait and closed when it is freed (a real
-     * event set holds its descriptors for its life too): -2 not made yet, -1 none (see watch_state) */
+     * event set holds its descriptors for its life too): -1 none yet (or inotify refused: tried again at the
+     * next wait). Two threads waiting on one set share it: the one that reads an event wakes at once, the
+     * other at its next recheck (EVENT_RECHECK_NS), and neither misses a change. */
     int watch_fd;
     char watch_name[NAME_MAX + 1];
+    int waiters; /* threads inside nvmlEventSetWait on it: nvmlEventSetFree refuses while there are any */
 };
 #define EVSET_MAGIC 0x4e564d4cU
 
@@ -2030,7 +2034,7 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     if (!es)
         END(20); /* NVML_ERROR_MEMORY */
     es->magic = EVSET_MAGIC;
-    es->watch_fd = -2;
+    es->watch_fd = -1;
     *set = es;
     END(NVML_SUCCESS);
 }
@@ -2149,6 +2153,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     NEED(set && set->magic == EVSET_MAGIC && data);
     long long deadline = mono_ns() + (long long)timeoutms * 1000000LL;
     int watching = 0;
+    set->waiters++;
     for (;;) {
         if (g_init_count <= 0 || !g_state) {
             r = NVML_ERROR_UNINITIALIZED;
@@ -2165,7 +2170,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         }
         if (!watching) { /* watched before the state is looked at again: no change falls between the two */
             watching = 1;
-            if (set->watch_fd == -2)
+            if (set->watch_fd < 0)
                 set->watch_fd = watch_state(set->watch_name, sizeof set->watch_name);
             maybe_reload(1);
             continue;
@@ -2177,6 +2182,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         maybe_reload(changed);
         count_cpu_so_far();
     }
+    set->waiters--;
     END(r);
 }
 
@@ -2186,6 +2192,8 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
     if (r)
         return r;
     NEED(set && set->magic == EVSET_MAGIC);
+    if (set->waiters) /* NVML does not say what happens: the waiter would read freed memory; the fake refuses */
+        END(NVML_ERROR_IN_USE);
     set->magic = 0;
     if (set->watch_fd >= 0)
         close(set->watch_fd);
