@@ -29,8 +29,9 @@ where it lives (/proc/PID/smaps), threads (/proc/PID/task), open file descriptor
   as it likes: VmRSS is reported beside it); the least-squares slope after the warm-up is reported too;
 - threads: gRPC's flat after the warm-up (max == min, by name), gpuwatch's own at most their design's
   bound (OWN_THREADS_MAX: APScheduler's pool starts a worker, up to one per job, the first time all jobs
-  overlap); descriptors flat (max == min); each sample the least of four reads 100 ms apart, so that
-  a scrape's socket or scontrol's pipes open at one instant do not count);
+  overlap); descriptors flat (max == min), not counting the pipes to a child that is running (scontrol);
+  each sample the least of four reads 100 ms apart, so that a scrape's socket open at one instant does
+  not count);
 - the series count back to its baseline once every job and pod is gone (waited for, with a deadline);
 - no internal error: no log line at level error or above, none saying "a gpuwatch bug", no line that
   is not JSON (a traceback), no ``error="internal"`` in gpuwatch_collector_errors_total or
@@ -126,7 +127,8 @@ def _fd_links(pid: int | str) -> list[str]:
 
 
 def open_fds(pid: int) -> int:
-    """``pid``'s open descriptors, less its ends of the pipes that a running child of it holds too."""
+    """``pid``'s open descriptors, less its ends of the pipes that a running child of it holds too (the
+    children from /proc/PID/task/TID/children, CONFIG_PROC_CHILDREN: without it none is left out)."""
     children = []
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{pid}/task"):

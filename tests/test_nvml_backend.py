@@ -488,13 +488,15 @@ def test_a_gpm_metric_the_driver_leaves_unanswered_is_absent_not_the_previous_gp
 def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
     """A stop does not wait for the events thread's wait (up to EVENT_WAIT_SECONDS): close() returns while a
     thread is inside nvmlEventSetWait, without shutting NVML down or freeing the set under it (nvml.md §12).
-    When the wait returns it frees the set and shuts NVML down itself: a re-initialisation under a wait (the
-    driver went away and came back) leaked the set, and the descriptors it holds, for good. An open() in
-    between keeps its own initialisation. A close with no wait in progress frees the set and shuts NVML down."""
+    When the wait returns it frees the set and shuts NVML down itself, as often as it was closed: a
+    re-initialisation under a wait (the driver went away and came back) leaked the set, and the descriptors it
+    holds, for good. An open() in between keeps its own initialisation, and its new set reports the events: the
+    old one's are not delivered (they would count twice). A close with no wait in progress frees the set and
+    shuts NVML down."""
     node = fakenvml.FakeNode.l40s(1)
     fx = fakenvml.prepare(tmp_path, node)
     script = textwrap.dedent("""
-        import json, os, sys, threading
+        import json, os, sys, threading, time
         from gpuwatch.backends.nvml.backend import NvmlBackend
         def watches():  # the fake's event sets hold an inotify descriptor from their first wait to their free
             links = []
@@ -510,17 +512,21 @@ def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
         waiter = threading.Thread(target=lambda: got.append(b.wait_events(60)), daemon=True)
         waiter.start()
         sys.stdin.readline()  # the parent saw the wait begin
-        b.close()
-        b.open(); b.discover()  # a re-initialisation while the wait goes on
+        deadline = time.monotonic() + 10
+        while not watches() and time.monotonic() < deadline:  # and make its set's watch
+            time.sleep(0.01)
+        for _ in range(2):  # two re-initialisations while the wait goes on
+            b.close()
+            b.open(); b.discover()
         print(json.dumps({"waiting": waiter.is_alive(), "sets": watches()}), flush=True)
         sys.stdin.readline()  # the parent queued an XID: the wait returns
         waiter.join(30)
         print(json.dumps({"ended": not waiter.is_alive(), "got": [e.xid for e in got[0]], "sets": watches()}),
               flush=True)
         sys.stdin.readline()
-        b.wait_events(0.05)  # the new set's first wait
+        again = [e.xid for e in b.wait_events(5)]  # the new set's first wait
         b.close()  # no wait in progress
-        print(json.dumps({"sets": watches()}), flush=True)
+        print(json.dumps({"got": again, "sets": watches()}), flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], env={**fx.env, "FAKE_NVML_RECHECK_MS": "0"},
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -534,19 +540,19 @@ def test_a_close_during_an_event_wait_leaves_nvml_to_the_waiter(tmp_path):
 
     try:
         wait_for(lambda: fx.counts().get("nvmlEventSetWait_v2", 0) >= 1, what="the wait to begin")
-        assert step() == {"waiting": True, "sets": 1}  # close() returned under the wait; the new set not waited on
+        assert step() == {"waiting": True, "sets": 1}  # close() returned under the wait; the new sets not waited on
         counts = fx.counts()
         assert (counts.get("nvmlShutdown", 0), counts.get("nvmlEventSetFree", 0)) == (0, 0)
-        assert (counts["nvmlInitWithFlags"], counts["nvmlEventSetCreate"]) == (2, 2)
+        assert (counts["nvmlInitWithFlags"], counts["nvmlEventSetCreate"]) == (3, 3)
         node.add_xid(gpu=0, xid=48)
         node.write(fx.state_path)
-        assert step() == {"ended": True, "got": [48], "sets": 0}  # the old set's XID, from the GPU found again
+        assert step() == {"ended": True, "got": [], "sets": 0}  # the first set's XID is not delivered: freed
         counts = fx.counts()
-        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"]) == (1, 1)  # the old set's, and its init's
-        assert step() == {"sets": 0}
+        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"]) == (2, 2)  # the two left, and their inits
+        assert step() == {"got": [48], "sets": 0}  # the XID, once, from the set of the last discovery
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
         counts = fx.counts()
-        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"], counts["nvmlInitWithFlags"]) == (2, 2, 2)
+        assert (counts["nvmlShutdown"], counts["nvmlEventSetFree"], counts["nvmlInitWithFlags"]) == (3, 3, 3)
     finally:
         if proc.poll() is None:
             proc.kill()

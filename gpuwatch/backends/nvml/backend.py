@@ -387,6 +387,10 @@ class NvmlBackend:
                         raise unavailable(exc) from None
                     return events  # e.g. GPU_IS_LOST on the event's device: the polls report it
                 wait_ms = 0  # drain what is queued, then return
+                if event_set is not self._event_set:
+                    # closed under the wait: what the set still holds is not delivered; a re-opened backend's
+                    # new set has the same events from its registration on (delivered twice, otherwise)
+                    return events
                 uuid = self._by_handle.get(handle_key(data.device))
                 gpu = self._devices.get(uuid) if uuid is not None else None
                 if gpu is None:
@@ -404,16 +408,17 @@ class NvmlBackend:
                         delivered = True
                         events.append(XidEvent(uuid=gpu.identity.uuid, xid=int(data.eventData), timestamp=time.time()))
         finally:
-            with self._events_lock:
-                self._waiting -= 1
-                if not self._waiting:
-                    self._settle_close()
+            self._settle_close()
 
     def _settle_close(self) -> None:
-        """What close() left to the waits (under the events lock, once none is in progress): free the event
-        sets and shut NVML down as often as it owed."""
-        left, self._left_to_waiter = self._left_to_waiter, []
-        owed, self._shutdowns_owed = self._shutdowns_owed, 0
+        """The end of a wait: once none is in progress, free the event sets that close() left to the waits and
+        shut NVML down as often as it owed (outside the lock: nothing else can reach those sets)."""
+        with self._events_lock:
+            self._waiting -= 1
+            if self._waiting:
+                return
+            left, self._left_to_waiter = self._left_to_waiter, []
+            owed, self._shutdowns_owed = self._shutdowns_owed, 0
         for event_set in left:
             try:
                 N.nvmlEventSetFree(event_set)
