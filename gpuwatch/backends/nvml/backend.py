@@ -153,15 +153,7 @@ class NvmlBackend:
                     self._left_to_waiter.append(event_set)
                 self._shutdowns_owed += 1
                 return
-            if event_set is not None:
-                try:
-                    N.nvmlEventSetFree(event_set)
-                except N.NVMLError:
-                    pass
-            try:
-                N.nvmlShutdown()
-            except N.NVMLError:
-                pass
+            _release([event_set] if event_set is not None else [], 1)
 
     def _free_devices(self) -> None:
         """Free what the groups' calls hold in NVML (GPM samples); errors do not matter here."""
@@ -408,24 +400,29 @@ class NvmlBackend:
                         delivered = True
                         events.append(XidEvent(uuid=gpu.identity.uuid, xid=int(data.eventData), timestamp=time.time()))
         finally:
-            self._settle_close()
+            self._wait_ended()
 
-    def _settle_close(self) -> None:
-        """The end of a wait: once none is in progress, free the event sets that close() left to the waits and
-        shut NVML down as often as it owed (outside the lock: nothing else can reach those sets)."""
+    def _wait_ended(self) -> None:
+        """Once no wait is in progress, free the event sets that close() left to the waits and shut NVML down
+        as often as it owed (outside the lock: nothing else can reach those sets)."""
         with self._events_lock:
             self._waiting -= 1
             if self._waiting:
                 return
             left, self._left_to_waiter = self._left_to_waiter, []
             owed, self._shutdowns_owed = self._shutdowns_owed, 0
-        for event_set in left:
-            try:
-                N.nvmlEventSetFree(event_set)
-            except N.NVMLError:
-                pass
-        for _ in range(owed):
-            try:
-                N.nvmlShutdown()
-            except N.NVMLError:
-                pass
+        _release(left, owed)
+
+
+def _release(event_sets: list[Any], shutdowns: int) -> None:
+    """Free the event sets, then shut NVML down ``shutdowns`` times; errors do not matter here."""
+    for event_set in event_sets:
+        try:
+            N.nvmlEventSetFree(event_set)
+        except N.NVMLError:
+            pass
+    for _ in range(shutdowns):
+        try:
+            N.nvmlShutdown()
+        except N.NVMLError:
+            pass
